@@ -1,0 +1,282 @@
+//! The command line shared by every Krafla executable (`ml_run` and the
+//! per-ISA builds): generate text, or the test interfaces (`--prompt-ids`,
+//! `--logits-out`, `--tokenize`, `--print-ids`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+
+use crate::kernels::ISA;
+use crate::model::{LogitsFor, Model, State};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::tokenizer::Tokenizer;
+
+/// Exit code for bad input files, arguments or requests.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+#[derive(Parser, Debug)]
+#[command(name = "ml_run", version, about = "Krafla: run a Llama-style model (.mlb) on the CPU")]
+pub struct Args {
+    /// Model file (.mlb). Not needed with --tokenize.
+    pub model: Option<PathBuf>,
+    /// Tokenizer file (.mlt).
+    #[arg(short = 'z', long = "tokenizer")]
+    pub tokenizer: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(short = 'p', long)]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Temperature; 0 is greedy.
+    #[arg(short = 'T', long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for tokens among the last 64 (1.0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed for sampling (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Context length (default: 4096 or the model's maximum if smaller).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Wrap the prompt in a chat template: chatml, qwen3, llama2, llama3, mistral, gemma, zephyr, or auto.
+    #[arg(long)]
+    pub chat: Option<String>,
+    /// System prompt for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Prompt as comma-separated token ids (skips the tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Write f32 little-endian logits of every prompt position ([T][V]) to FILE.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Prompt tokens evaluated per forward call.
+    #[arg(long, default_value_t = 512)]
+    pub batch: usize,
+    /// Print the prompt's token ids as a JSON array and exit (needs only -z).
+    #[arg(long)]
+    pub tokenize: bool,
+    /// Print generated token ids as a JSON array instead of text.
+    #[arg(long)]
+    pub print_ids: bool,
+}
+
+/// Entry point of every executable; returns the process exit code.
+pub fn main() -> i32 {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
+        }
+    };
+    match run(args) {
+        Ok(()) => 0,
+        Err(msg) => {
+            eprintln!("krafla: {msg}");
+            EXIT_BAD_INPUT
+        }
+    }
+}
+
+fn prompt_text(args: &Args) -> Result<Option<String>, String> {
+    let mut text = args.prompt.clone();
+    if let Some(path) = &args.prompt_file {
+        let t = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
+        text = Some(text.map_or(t.clone(), |p| p + &t));
+    }
+    Ok(text)
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    let tokenizer = match &args.tokenizer {
+        Some(p) => Some(Tokenizer::load(p)?),
+        None => None,
+    };
+    let text = prompt_text(&args)?;
+    let chat_kind: Option<String> = match (&args.chat, &tokenizer) {
+        (Some(k), Some(t)) if k == "auto" => {
+            if t.chat_template().is_empty() {
+                return Err("--chat auto: the tokenizer file names no chat template; pass one".into());
+            }
+            Some(t.chat_template().to_string())
+        }
+        (Some(k), _) if k == "auto" => return Err("--chat auto needs a tokenizer (-z)".into()),
+        (k, _) => k.clone(),
+    };
+    let text: Option<String> = match (chat_kind.as_deref(), text) {
+        (Some(kind), Some(t)) => Some(crate::chat::format(kind, args.system.as_deref(), &t)?),
+        (_, t) => t,
+    };
+
+    if args.tokenize {
+        let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z)")?;
+        let ids = tok.encode(text.as_deref().unwrap_or(""), true);
+        println!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        return Ok(());
+    }
+
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        return Err("-t must be at least 1".into());
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+
+    let model_path = args.model.as_ref().ok_or("no model given (ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)")?;
+    let model = Model::load(model_path)?;
+    let cfg = &model.config;
+    if let Some(t) = &tokenizer {
+        if t.vocab_size() > cfg.vocab_size {
+            return Err(format!(
+                "tokenizer has {} tokens but the model only {}: they do not belong together",
+                t.vocab_size(),
+                cfg.vocab_size
+            ));
+        }
+    }
+
+    let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(t), Some(tok)) => tok.encode(t, true),
+        (None, Some(_), None) => return Err("a text prompt needs a tokenizer (-z), or use --prompt-ids".into()),
+        (None, None, _) => return Err("no prompt: give -p, -f or --prompt-ids".into()),
+    };
+    if prompt.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    let ctx = match args.ctx {
+        Some(0) => return Err("--ctx must be at least 1".into()),
+        Some(n) if n > cfg.context_length => {
+            return Err(format!("--ctx {n} exceeds the model's maximum context {}", cfg.context_length))
+        }
+        Some(n) => n,
+        None => cfg.context_length.min(4096),
+    };
+    if prompt.len() > ctx {
+        return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
+    }
+    let mut state = State::new(cfg, ctx)?;
+    let weights_mib = model.file.file_len() as f64 / 1048576.0;
+    eprintln!(
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights (mapped) + {:.1} MiB KV cache",
+        model_path.display(),
+        cfg.arch,
+        model.n_params() as f64 / 1e6,
+        weights_mib,
+        state.bytes() as f64 / 1048576.0
+    );
+
+    // ---- prompt ----
+    let t0 = Instant::now();
+    let want_all = args.logits_out.is_some();
+    let mut all_logits: Vec<f32> = Vec::new();
+    let mut last_logits: Vec<f32> = Vec::new();
+    let n_batches = prompt.len().div_ceil(args.batch);
+    for (i, chunk) in prompt.chunks(args.batch).enumerate() {
+        let want = if want_all { LogitsFor::All } else if i + 1 == n_batches { LogitsFor::Last } else { LogitsFor::None };
+        let logits = model.forward(&mut state, chunk, want)?;
+        if want_all {
+            all_logits.extend_from_slice(&logits);
+        }
+        if i + 1 == n_batches {
+            last_logits = logits[logits.len() - cfg.vocab_size..].to_vec();
+        }
+    }
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    if let Some(path) = &args.logits_out {
+        let bytes: Vec<u8> = all_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).map_err(|e| format!("{}: cannot write logits: {e}", path.display()))?;
+    }
+
+    // ---- generation ----
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        seed,
+        ..Default::default()
+    });
+    let stops: Vec<u32> = tokenizer.as_ref().map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect());
+    let mut history = prompt.clone();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut out = std::io::stdout().lock();
+    let mut pending: Vec<u8> = Vec::new(); // bytes of an incomplete UTF-8 character
+    let t1 = Instant::now();
+    let mut logits = last_logits;
+    while generated.len() < args.n_predict {
+        let next = sampler.sample(&logits, &history);
+        if stops.contains(&next) {
+            break;
+        }
+        generated.push(next);
+        history.push(next);
+        if !args.print_ids {
+            if let Some(tok) = &tokenizer {
+                let prev = if generated.len() > 1 { Some(generated[generated.len() - 2]) } else { None };
+                pending.extend(tok.decode_piece(prev, next));
+                let valid = utf8_prefix_len(&pending);
+                let _ = out.write_all(&pending[..valid]);
+                let _ = out.flush();
+                pending.drain(..valid);
+            }
+        }
+        if generated.len() == args.n_predict || state.pos >= ctx {
+            break;
+        }
+        logits = model.forward(&mut state, &[next], LogitsFor::Last)?;
+    }
+    let gen_secs = t1.elapsed().as_secs_f64();
+    if args.print_ids || tokenizer.is_none() {
+        let _ = writeln!(out, "[{}]", generated.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    } else {
+        let _ = out.write_all(&pending);
+        let _ = writeln!(out);
+    }
+    eprintln!(
+        "krafla: prompt {} tokens, {:.1} tokens/s; generation {} tokens, {:.1} tokens/s",
+        prompt.len(),
+        prompt.len() as f64 / prompt_secs.max(1e-9),
+        generated.len(),
+        generated.len() as f64 / gen_secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// Length of the longest prefix that does not end inside a UTF-8 character.
+fn utf8_prefix_len(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) => match e.error_len() {
+            // Invalid bytes (not just incomplete): pass them through as they are.
+            Some(_) => bytes.len(),
+            None => e.valid_up_to(),
+        },
+    }
+}

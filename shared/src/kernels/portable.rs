@@ -1,0 +1,139 @@
+//! Portable kernels: plain Rust, no target features assumed.
+//!
+//! This module is both the kernel set of builds without an ISA module and the
+//! scalar reference every ISA module is tested against. Every ISA module
+//! (`kernels/<isa>.rs`) exports these same function names and signatures.
+//!
+//! Reductions run in a fixed order that does not depend on threads or batch
+//! size; integer parts of quantised dot products are exact.
+
+use half::f16;
+
+use crate::quant::{BlockQ8Act, Q4Block, Q8Block, QK};
+
+/// Σ a[i]·b[i] with eight interleaved partial sums combined pairwise.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut tail = 0.0f32;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    s + tail
+}
+
+/// Σ w[i]·x[i] for f16 weights, same summation order as `dot_f32`.
+#[inline]
+pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = w.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += w[c * 8 + l].to_f32() * x[c * 8 + l];
+        }
+    }
+    let mut tail = 0.0f32;
+    for i in chunks * 8..w.len() {
+        tail += w[i].to_f32() * x[i];
+    }
+    let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    s + tail
+}
+
+/// Q8 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ q_w·q_x), the inner sum exact.
+#[inline]
+pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for (&a, &b) in bw.quants().iter().zip(&bx.qs) {
+            isum += a as i32 * b as i32;
+        }
+        acc += (bw.scale() * bx.d) * isum as f32;
+    }
+    acc
+}
+
+/// Q4 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ nibble·q_x − 8·Σ q_x).
+#[inline]
+pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = 0.0f32;
+    for (bw, bx) in w.iter().zip(x) {
+        let mut isum = 0i32;
+        for (j, &byte) in bw.nibbles().iter().enumerate() {
+            isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
+            isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
+        }
+        isum -= 8 * bx.sum;
+        acc += (bw.scale() * bx.d) * isum as f32;
+    }
+    acc
+}
+
+/// out = x / sqrt(mean(x²) + eps) · (w + offset), offset 0 or 1.
+#[inline]
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
+    let ss = dot_f32(x, x);
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * (g + offset);
+    }
+}
+
+/// In-place softmax.
+#[inline]
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// y += a·x
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+/// gate ← silu(gate) · up  (SwiGLU)
+#[inline]
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// gate ← gelu_tanh(gate) · up  (GeGLU with the tanh approximation)
+#[inline]
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
+    }
+}
+
+/// f16 → f32 conversion of a slice.
+#[inline]
+pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}

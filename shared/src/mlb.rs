@@ -1,0 +1,564 @@
+//! Reader for `.mlb` model files (layout in docs/FORMAT.md).
+//!
+//! The file is memory-mapped and validated completely before any tensor is
+//! handed out: every count, length, shape and offset is checked against the
+//! file size with checked arithmetic, so a truncated or hostile file gives a
+//! one-line error and never a panic or an allocation larger than the file.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32, QK};
+
+pub const MAGIC: &[u8; 8] = b"KRAFLAMB";
+pub const VERSION: u32 = 1;
+const MAX_META: u32 = 4096;
+const MAX_TENSORS: u32 = 65536;
+const MAX_KEY: u32 = 256;
+const MAX_STRING: u32 = 65536;
+const MAX_ARRAY: u32 = 65536;
+const MAX_DIMS: u32 = 4;
+pub const DATA_ALIGN: u64 = 64;
+
+/// Element type of a stored tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorType {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    Q8_0F32,
+    Q4_0F32,
+}
+
+impl TensorType {
+    pub fn from_code(code: u32) -> Option<TensorType> {
+        Some(match code {
+            0 => TensorType::F32,
+            1 => TensorType::F16,
+            2 => TensorType::Q8_0,
+            3 => TensorType::Q4_0,
+            4 => TensorType::Q8_0F32,
+            5 => TensorType::Q4_0F32,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::F32 => "f32",
+            TensorType::F16 => "f16",
+            TensorType::Q8_0 => "q8_0",
+            TensorType::Q4_0 => "q4_0",
+            TensorType::Q8_0F32 => "q8_0(f32 scale)",
+            TensorType::Q4_0F32 => "q4_0(f32 scale)",
+        }
+    }
+
+    /// Bytes needed for `n` elements of the contiguous dimension, or None if
+    /// `n` does not fit the type's block size or the size overflows.
+    pub fn row_bytes(self, n: u64) -> Option<u64> {
+        let blocks = |block_bytes: usize| -> Option<u64> {
+            if n % QK as u64 != 0 {
+                return None;
+            }
+            (n / QK as u64).checked_mul(block_bytes as u64)
+        };
+        match self {
+            TensorType::F32 => n.checked_mul(4),
+            TensorType::F16 => n.checked_mul(2),
+            TensorType::Q8_0 => blocks(std::mem::size_of::<BlockQ8_0>()),
+            TensorType::Q4_0 => blocks(std::mem::size_of::<BlockQ4_0>()),
+            TensorType::Q8_0F32 => blocks(std::mem::size_of::<BlockQ8_0F32>()),
+            TensorType::Q4_0F32 => blocks(std::mem::size_of::<BlockQ4_0F32>()),
+        }
+    }
+}
+
+/// One metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    IntArray(Vec<i64>),
+    FloatArray(Vec<f64>),
+}
+
+/// A tensor's description; the bytes are `Mlb::tensor_bytes`.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ttype: TensorType,
+    /// Outermost first; the last dimension is contiguous.
+    pub dims: Vec<u64>,
+    /// Absolute byte range in the file.
+    pub start: usize,
+    pub len: usize,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Rows = product of all but the last dim; cols = last dim.
+    pub fn rows_cols(&self) -> (usize, usize) {
+        let cols = *self.dims.last().unwrap_or(&1) as usize;
+        let rows = self.dims[..self.dims.len().saturating_sub(1)].iter().product::<u64>() as usize;
+        (rows, cols)
+    }
+}
+
+/// A validated, memory-mapped `.mlb` file.
+pub struct Mlb {
+    map: Bytes,
+    pub meta: HashMap<String, MetaValue>,
+    pub tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+    pub path: String,
+}
+
+/// Backing store: an mmap of a file, or owned bytes (tests).
+enum Bytes {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// Bounds-checked little-endian cursor; every read names what it was reading.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
+            format!("truncated: file ends while reading {what} at byte {}", self.pos)
+        })?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    fn i64(&mut self, what: &str) -> Result<i64, String> {
+        Ok(i64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    fn f64(&mut self, what: &str) -> Result<f64, String> {
+        Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    /// A length-prefixed UTF-8 string of at most `max` bytes.
+    fn string(&mut self, max: u32, what: &str) -> Result<String, String> {
+        let len = self.u32(what)?;
+        if len > max {
+            return Err(format!("{what} has length {len}, more than the limit {max}"));
+        }
+        let b = self.take(len as usize, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| format!("{what} is not valid UTF-8"))
+    }
+    /// An array count, checked against the limit and the bytes left.
+    fn count(&mut self, max: u32, elem_bytes: usize, what: &str) -> Result<usize, String> {
+        let n = self.u32(what)?;
+        if n > max {
+            return Err(format!("{what} {n} exceeds the limit {max}"));
+        }
+        let need = (n as usize).checked_mul(elem_bytes).unwrap_or(usize::MAX);
+        if need > self.bytes.len() - self.pos {
+            return Err(format!("truncated: {what} {n} needs more bytes than the file has"));
+        }
+        Ok(n as usize)
+    }
+}
+
+impl Mlb {
+    /// Opens and validates a model file. Errors are one line naming the file.
+    pub fn open(path: &Path) -> Result<Mlb, String> {
+        let shown = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
+        // SAFETY: the map is read-only and private; Krafla never writes model
+        // files while running. A file truncated by another process while mapped
+        // is outside what we can defend against (as for every mmap reader).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{shown}: cannot map: {e}"))?;
+        Self::parse(Bytes::Map(map), shown)
+    }
+
+    /// Parses an in-memory file (tests, hostile-input checks).
+    pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Mlb, String> {
+        Self::parse(Bytes::Owned(bytes), name.to_string())
+    }
+
+    fn parse(map: Bytes, path: String) -> Result<Mlb, String> {
+        let (meta, tensors) = parse_layout(&map).map_err(|e| format!("{path}: {e}"))?;
+        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Mlb { map, meta, tensors, by_name, path })
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+        &self.map[t.start..t.start + t.len]
+    }
+
+    pub fn file_len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The whole file; tensor ranges (`TensorInfo::start`, `len`) index it.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    // ---- typed metadata access; errors name the file and the key ----
+
+    pub fn get_int(&self, key: &str) -> Result<Option<i64>, String> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Int(v)) => Ok(Some(*v)),
+            Some(_) => Err(format!("{}: metadata '{key}' should be an integer", self.path)),
+        }
+    }
+    pub fn get_float(&self, key: &str) -> Result<Option<f64>, String> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Float(v)) => Ok(Some(*v)),
+            Some(MetaValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(_) => Err(format!("{}: metadata '{key}' should be a number", self.path)),
+        }
+    }
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>, String> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Str(v)) => Ok(Some(v)),
+            Some(_) => Err(format!("{}: metadata '{key}' should be a string", self.path)),
+        }
+    }
+    pub fn get_int_array(&self, key: &str) -> Result<Option<&[i64]>, String> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::IntArray(v)) => Ok(Some(v)),
+            Some(_) => Err(format!("{}: metadata '{key}' should be an integer array", self.path)),
+        }
+    }
+    pub fn require_int(&self, key: &str) -> Result<i64, String> {
+        self.get_int(key)?.ok_or_else(|| format!("{}: missing metadata '{key}'", self.path))
+    }
+    pub fn require_float(&self, key: &str) -> Result<f64, String> {
+        self.get_float(key)?.ok_or_else(|| format!("{}: missing metadata '{key}'", self.path))
+    }
+    pub fn require_str(&self, key: &str) -> Result<&str, String> {
+        self.get_str(key)?.ok_or_else(|| format!("{}: missing metadata '{key}'", self.path))
+    }
+}
+
+type Layout = (HashMap<String, MetaValue>, Vec<TensorInfo>);
+
+fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
+    let mut c = Cursor { bytes, pos: 0 };
+    let magic = c.take(8, "magic")?;
+    if magic != MAGIC {
+        return Err("not a Krafla model (bad magic; expected KRAFLAMB)".into());
+    }
+    let version = c.u32("version")?;
+    if version != VERSION {
+        return Err(format!("unsupported .mlb version {version} (this build reads {VERSION})"));
+    }
+    let n_meta = c.u32("metadata count")?;
+    if n_meta > MAX_META {
+        return Err(format!("metadata count {n_meta} exceeds the limit {MAX_META}"));
+    }
+    let n_tensors = c.u32("tensor count")?;
+    if n_tensors > MAX_TENSORS {
+        return Err(format!("tensor count {n_tensors} exceeds the limit {MAX_TENSORS}"));
+    }
+    c.u32("reserved field")?;
+
+    let mut meta = HashMap::new();
+    for i in 0..n_meta {
+        let key = c.string(MAX_KEY, &format!("metadata key {i}"))?;
+        if key.is_empty() {
+            return Err(format!("metadata key {i} is empty"));
+        }
+        let what = format!("metadata '{key}'");
+        let value = match c.u8(&what)? {
+            0 => MetaValue::Int(c.i64(&what)?),
+            1 => MetaValue::Float(c.f64(&what)?),
+            2 => MetaValue::Str(c.string(MAX_STRING, &what)?),
+            3 => {
+                let n = c.count(MAX_ARRAY, 8, &format!("{what} element count"))?;
+                MetaValue::IntArray((0..n).map(|_| c.i64(&what)).collect::<Result<_, _>>()?)
+            }
+            4 => {
+                let n = c.count(MAX_ARRAY, 8, &format!("{what} element count"))?;
+                MetaValue::FloatArray((0..n).map(|_| c.f64(&what)).collect::<Result<_, _>>()?)
+            }
+            t => return Err(format!("{what} has unknown value type {t}")),
+        };
+        if meta.insert(key.clone(), value).is_some() {
+            return Err(format!("duplicate metadata key '{key}'"));
+        }
+    }
+
+    struct Raw {
+        name: String,
+        ttype: TensorType,
+        dims: Vec<u64>,
+        offset: u64,
+    }
+    let mut raws: Vec<Raw> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..n_tensors {
+        let name = c.string(MAX_KEY, &format!("tensor {i} name"))?;
+        if name.is_empty() {
+            return Err(format!("tensor {i} has an empty name"));
+        }
+        let what = format!("tensor '{name}'");
+        let code = c.u32(&format!("{what} type"))?;
+        let ttype = TensorType::from_code(code).ok_or_else(|| format!("{what} has unknown type {code}"))?;
+        let n_dims = c.u32(&format!("{what} dimension count"))?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(format!("{what} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"));
+        }
+        let dims: Vec<u64> =
+            (0..n_dims).map(|_| c.u64(&format!("{what} shape"))).collect::<Result<_, _>>()?;
+        let offset = c.u64(&format!("{what} offset"))?;
+        if !seen.insert(name.clone()) {
+            return Err(format!("duplicate tensor name '{name}'"));
+        }
+        raws.push(Raw { name, ttype, dims, offset });
+    }
+
+    let data_start = (c.pos as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+    let file_len = bytes.len() as u64;
+    let mut tensors = Vec::with_capacity(raws.len());
+    for r in raws {
+        let what = format!("tensor '{}'", r.name);
+        if r.dims.contains(&0) {
+            return Err(format!("{what} has a zero dimension {:?}", r.dims));
+        }
+        let last = *r.dims.last().unwrap();
+        let quantized = !matches!(r.ttype, TensorType::F32 | TensorType::F16);
+        if quantized && last % QK as u64 != 0 {
+            return Err(format!("{what}: last dimension {last} of type {} is not a multiple of {QK}", r.ttype.name()));
+        }
+        let row_bytes = r.ttype.row_bytes(last).ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
+        let size = r.dims[..r.dims.len() - 1]
+            .iter()
+            .try_fold(row_bytes, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
+        if r.offset % DATA_ALIGN != 0 {
+            return Err(format!("{what}: offset {} is not a multiple of {DATA_ALIGN}", r.offset));
+        }
+        let start = data_start.checked_add(r.offset);
+        let end = start.and_then(|s| s.checked_add(size));
+        match (start, end) {
+            (Some(s), Some(e)) if e <= file_len => tensors.push(TensorInfo {
+                name: r.name,
+                ttype: r.ttype,
+                dims: r.dims,
+                start: s as usize,
+                len: size as usize,
+            }),
+            _ => {
+                return Err(format!(
+                    "{what}: data (offset {}, {size} bytes) runs past the end of the file ({file_len} bytes)",
+                    r.offset
+                ))
+            }
+        }
+    }
+    Ok((meta, tensors))
+}
+
+/// Writes an `.mlb` image in memory (used by tests; the converter is Python).
+pub fn write_mlb(meta: &[(&str, MetaValue)], tensors: &[(&str, TensorType, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u32).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    let mut out = Vec::new();
+    out.extend(MAGIC);
+    out.extend(VERSION.to_le_bytes());
+    out.extend((meta.len() as u32).to_le_bytes());
+    out.extend((tensors.len() as u32).to_le_bytes());
+    out.extend(0u32.to_le_bytes());
+    for (k, v) in meta {
+        put_str(&mut out, k);
+        match v {
+            MetaValue::Int(x) => {
+                out.push(0);
+                out.extend(x.to_le_bytes());
+            }
+            MetaValue::Float(x) => {
+                out.push(1);
+                out.extend(x.to_le_bytes());
+            }
+            MetaValue::Str(s) => {
+                out.push(2);
+                put_str(&mut out, s);
+            }
+            MetaValue::IntArray(a) => {
+                out.push(3);
+                out.extend((a.len() as u32).to_le_bytes());
+                a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+            }
+            MetaValue::FloatArray(a) => {
+                out.push(4);
+                out.extend((a.len() as u32).to_le_bytes());
+                a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+            }
+        }
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::new();
+    for (name, ttype, dims, data) in tensors {
+        put_str(&mut out, name);
+        out.extend((*ttype as u32).to_le_bytes());
+        out.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+        out.extend(offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + data.len() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+    }
+    let data_start = (out.len() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+    out.resize(data_start as usize, 0);
+    for ((_, _, _, data), off) in tensors.iter().zip(offsets) {
+        out.resize((data_start + off) as usize, 0);
+        out.extend(data);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let q8 = vec![0u8; 2 * 34];
+        write_mlb(
+            &[
+                ("arch", MetaValue::Str("llama".into())),
+                ("n_layers", MetaValue::Int(1)),
+                ("rope_theta", MetaValue::Float(10000.0)),
+                ("layer_kinds", MetaValue::IntArray(vec![0])),
+                ("scales", MetaValue::FloatArray(vec![1.0, 2.0])),
+            ],
+            &[
+                ("a", TensorType::F32, vec![3], vec![0u8; 12]),
+                ("b", TensorType::Q8_0, vec![2, 32], q8),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_valid_file_round_trips() {
+        let f = Mlb::from_bytes(sample(), "t.mlb").unwrap();
+        assert_eq!(f.get_str("arch").unwrap(), Some("llama"));
+        assert_eq!(f.require_int("n_layers").unwrap(), 1);
+        assert_eq!(f.tensor("b").unwrap().dims, vec![2, 32]);
+        assert_eq!(f.tensor("b").unwrap().start % 64, 0);
+        assert!(f.require_int("missing").unwrap_err().contains("missing metadata 'missing'"));
+    }
+
+    #[test]
+    fn every_truncation_is_a_clean_error() {
+        let full = sample();
+        // The last tensor ends at the end of the file, so any shorter prefix is invalid.
+        for cut in 0..full.len() {
+            let err = Mlb::from_bytes(full[..cut].to_vec(), "cut.mlb").err().unwrap_or_else(|| panic!("cut {cut} accepted"));
+            assert!(err.starts_with("cut.mlb: "), "{err}");
+            assert!(!err.contains('\n'));
+        }
+    }
+
+    /// Offset of the first tensor entry (after the metadata), found by parsing.
+    fn patch_u32(bytes: &mut [u8], at: usize, v: u32) {
+        bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    #[test]
+    fn hostile_headers_are_rejected() {
+        let good = sample();
+        let check = |bytes: Vec<u8>, needle: &str| {
+            let err = Mlb::from_bytes(bytes, "h.mlb").err().expect("accepted a hostile file");
+            assert!(err.contains(needle), "error '{err}' lacks '{needle}'");
+        };
+        let mut b = good.clone();
+        b[0] = b'X';
+        check(b, "bad magic");
+        let mut b = good.clone();
+        patch_u32(&mut b, 8, 99);
+        check(b, "unsupported .mlb version 99");
+        let mut b = good.clone();
+        patch_u32(&mut b, 12, u32::MAX);
+        check(b, "metadata count");
+        let mut b = good.clone();
+        patch_u32(&mut b, 16, u32::MAX);
+        check(b, "tensor count");
+        // first key length huge
+        let mut b = good.clone();
+        patch_u32(&mut b, 24, 0xffff_fff0);
+        check(b, "limit");
+        // find tensor 'a' entry by its name bytes and corrupt type, dims, shape, offset
+        let pos = good.windows(5).position(|w| w == [1, 0, 0, 0, b'a']).unwrap();
+        let ty = pos + 5;
+        let mut b = good.clone();
+        patch_u32(&mut b, ty, 77);
+        check(b, "unknown type 77");
+        let mut b = good.clone();
+        patch_u32(&mut b, ty + 4, 9);
+        check(b, "dimensions");
+        let mut b = good.clone();
+        b[ty + 8..ty + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        check(b, "overflows");
+        let mut b = good.clone();
+        b[ty + 8..ty + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        check(b, "past the end");
+        let mut b = good.clone();
+        b[ty + 16..ty + 24].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        check(b, "past the end");
+        let mut b = good.clone();
+        b[ty + 16..ty + 24].copy_from_slice(&3u64.to_le_bytes());
+        check(b, "multiple of 64");
+        // huge shape product overflow on the quantised tensor
+        let pos_b = good.windows(5).position(|w| w == [1, 0, 0, 0, b'b']).unwrap();
+        let mut b = good.clone();
+        b[pos_b + 13..pos_b + 21].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        check(b, "overflows");
+        // last dim not a multiple of 32 for a quantised type
+        let mut b = good.clone();
+        b[pos_b + 21..pos_b + 29].copy_from_slice(&33u64.to_le_bytes());
+        check(b, "not a multiple of 32");
+        // duplicate names
+        let dup = write_mlb(&[], &[("x", TensorType::F32, vec![1], vec![0; 4]), ("x", TensorType::F32, vec![1], vec![0; 4])]);
+        check(dup, "duplicate tensor name 'x'");
+        let dup = write_mlb(&[("k", MetaValue::Int(1)), ("k", MetaValue::Int(2))], &[]);
+        check(dup, "duplicate metadata key 'k'");
+        // unknown metadata value type
+        let mut b = write_mlb(&[("k", MetaValue::Int(1))], &[]);
+        b[24 + 4 + 1] = 42;
+        check(b, "unknown value type 42");
+        // array count beyond the file
+        let mut b = write_mlb(&[("k", MetaValue::IntArray(vec![1, 2]))], &[]);
+        patch_u32(&mut b, 24 + 4 + 1 + 1, 60000);
+        check(b, "truncated");
+    }
+}

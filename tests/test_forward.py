@@ -1,0 +1,78 @@
+"""Forward pass against transformers' own logits (../shared/fixtures/hf-tiny).
+
+Each fixture is converted with tools/convert.py and run through the Krafla
+executable with --prompt-ids / --logits-out / --print-ids.
+"""
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, run_ml, run_tool
+
+# Families the runtime implements so far (Llama architecture).
+LLAMA_FAMILIES = ["llama2", "smollm2-tied"]
+
+
+def reference(family):
+    ref = json.loads((FIXTURES / "hf-tiny" / family / "reference.json").read_text())
+    t, v = ref["logits_shape"]
+    logits = np.frombuffer(base64.b64decode(ref["logits_f32_le_base64"]), dtype="<f4").reshape(t, v)
+    return ref["input_ids"], logits, ref["greedy_16"]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(family, type) -> path of the converted .mlb, converted once per module."""
+    cache = {}
+    root = tmp_path_factory.mktemp("hf-tiny")
+
+    def get(family, qtype):
+        key = (family, qtype)
+        if key not in cache:
+            out = root / f"{family}-{qtype}.mlb"
+            run_tool("convert.py", FIXTURES / "hf-tiny" / family, "-o", out, "--type", qtype)
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+def logits_of(mlb, ids, tmp_path, *extra):
+    out = tmp_path / "logits.f32"
+    run_ml(mlb, "--prompt-ids", ",".join(map(str, ids)), "--logits-out", out, "-n", "0", *extra)
+    return np.fromfile(out, dtype="<f4")
+
+
+def greedy_of(mlb, ids, n):
+    p = run_ml(mlb, "--prompt-ids", ",".join(map(str, ids)), "-n", n, "--print-ids", "-T", "0")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+def test_f32_logits_and_greedy_match_transformers(family, converted, tmp_path):
+    ids, want, greedy = reference(family)
+    got = logits_of(converted(family, "f32"), ids, tmp_path).reshape(want.shape)
+    diff = np.abs(got - want).max()
+    assert diff <= 1e-3, f"{family}: max |logit difference| {diff:.2e} > 1e-3"
+    assert greedy_of(converted(family, "f32"), ids, 16) == greedy
+
+
+@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+@pytest.mark.parametrize("qtype,min_agree", [("q8_0", 0.90), ("q4_0", 0.50)])
+def test_quantized_argmax_agrees(family, qtype, min_agree, converted, tmp_path):
+    ids, want, _ = reference(family)
+    got = logits_of(converted(family, qtype), ids, tmp_path).reshape(want.shape)
+    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+    assert agree >= min_agree, f"{family} {qtype}: argmax agrees at {agree:.0%} of positions"
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_0"])
+def test_logits_identical_across_threads_and_batch_sizes(qtype, converted, tmp_path):
+    ids, _, _ = reference("smollm2-tied")
+    mlb = converted("smollm2-tied", qtype)
+    base = logits_of(mlb, ids, tmp_path, "-t", "1", "--batch", "512").tobytes()
+    for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 5)]:
+        other = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
+        assert other == base, f"{qtype}: logits differ at -t {threads} --batch {batch}"
