@@ -70,6 +70,28 @@ pub struct Config {
     pub final_softcap: f32,
     pub qk_norm: bool,
     pub attn_output_gate: bool,
+    /// Gated DeltaNet dimensions (zero when the model has no such layers).
+    pub deltanet: DeltaNetDims,
+}
+
+/// Shapes of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeltaNetDims {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetDims {
+    /// Channels of the fused q|k|v projection and of the convolution.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.k_head_dim + self.n_v_heads * self.v_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.v_head_dim
+    }
 }
 
 const LIMIT_VOCAB: i64 = 1 << 24;
@@ -173,8 +195,18 @@ impl Config {
         if sliding_window < 0 || (sliding_window == 0 && layer_kinds.contains(&LayerKind::Sliding)) {
             return Err(format!("{p}: sliding layers need a positive sliding_window (got {sliding_window})"));
         }
+        let mut deltanet = DeltaNetDims::default();
         if layer_kinds.contains(&LayerKind::DeltaNet) {
-            return Err(format!("{p}: Gated DeltaNet layers ({arch_name}) are not supported by this version yet"));
+            deltanet = DeltaNetDims {
+                n_k_heads: int("linear_n_k_heads", 1, LIMIT_HEADS)?,
+                n_v_heads: int("linear_n_v_heads", 1, LIMIT_HEADS)?,
+                k_head_dim: int("linear_k_head_dim", 1, 4096)?,
+                v_head_dim: int("linear_v_head_dim", 1, 4096)?,
+                conv_kernel: int("linear_conv_kernel", 1, 64)?,
+            };
+            if deltanet.n_v_heads % deltanet.n_k_heads != 0 {
+                return Err(format!("{p}: linear_n_v_heads is not a multiple of linear_n_k_heads"));
+            }
         }
         let query_scale = opt_float("query_scale", 1.0 / (head_dim as f64).sqrt())? as f32;
         Ok(Config {
@@ -205,6 +237,7 @@ impl Config {
             final_softcap: opt_float("final_softcap", 0.0)? as f32,
             qk_norm: opt_int("qk_norm", 0)? != 0,
             attn_output_gate: opt_int("attn_output_gate", 0)? != 0,
+            deltanet,
         })
     }
 
@@ -252,22 +285,44 @@ struct Matrix {
 
 /// Weights of one transformer block.
 struct Layer {
-    attn_norm: Vec<f32>,
-    attn_q: Matrix,                // [H·hd (·2 with output gate), D]
-    attn_k: Matrix,                // [Hkv·hd, D]
-    attn_v: Matrix,                // [Hkv·hd, D]
-    attn_o: Matrix,                // [D, H·hd]
-    q_bias: Option<Vec<f32>>,      // [H·hd]
-    k_bias: Option<Vec<f32>>,      // [Hkv·hd]
-    v_bias: Option<Vec<f32>>,      // [Hkv·hd]
-    q_norm: Option<Vec<f32>>,      // [hd]
-    k_norm: Option<Vec<f32>>,      // [hd]
+    attn_norm: Vec<f32>,              // [D]
+    mixer: Mixer,
     attn_post_norm: Option<Vec<f32>>, // [D]
-    ffn_norm: Vec<f32>,            // [D]
-    ffn_gate: Matrix,              // [F, D]
-    ffn_up: Matrix,                // [F, D]
-    ffn_down: Matrix,              // [D, F]
-    ffn_post_norm: Option<Vec<f32>>, // [D]
+    ffn_norm: Vec<f32>,               // [D]
+    ffn_gate: Matrix,                 // [F, D]
+    ffn_up: Matrix,                   // [F, D]
+    ffn_down: Matrix,                 // [D, F]
+    ffn_post_norm: Option<Vec<f32>>,  // [D]
+}
+
+/// The token-mixing half of a block.
+enum Mixer {
+    Attention(AttentionWeights),
+    DeltaNet(DeltaNetWeights),
+}
+
+struct AttentionWeights {
+    q: Matrix,                 // [H·hd, D]; [H·2·hd, D] with the output gate
+    k: Matrix,                 // [Hkv·hd, D]
+    v: Matrix,                 // [Hkv·hd, D]
+    o: Matrix,                 // [D, H·hd]
+    q_bias: Option<Vec<f32>>,  // [rows of q]
+    k_bias: Option<Vec<f32>>,  // [Hkv·hd]
+    v_bias: Option<Vec<f32>>,  // [Hkv·hd]
+    q_norm: Option<Vec<f32>>,  // [hd]
+    k_norm: Option<Vec<f32>>,  // [hd]
+}
+
+struct DeltaNetWeights {
+    qkv: Matrix,         // [C, D], C = 2·nk·dk + nv·dv
+    z: Matrix,           // [nv·dv, D]
+    b: Matrix,           // [nv, D]
+    a: Matrix,           // [nv, D]
+    conv: Vec<f32>,      // [C, K]
+    a_log: Vec<f32>,     // [nv]
+    dt_bias: Vec<f32>,   // [nv]
+    norm: Vec<f32>,      // [dv]
+    out: Matrix,         // [D, nv·dv]
 }
 
 /// A loaded model: the mapped file, its configuration and tensor locations.
@@ -288,37 +343,79 @@ pub enum LogitsFor {
     All,
 }
 
-/// Per-sequence state: the KV cache and the number of positions filled.
+/// Per-sequence state: the KV cache of attention layers, the convolution
+/// and recurrent state of DeltaNet layers, and the number of positions filled.
 pub struct State {
     pub pos: usize,
     pub ctx: usize,
-    k_cache: Vec<f32>, // [L][ctx][Hkv·hd]
-    v_cache: Vec<f32>, // [L][ctx][Hkv·hd]
+    /// Per layer: index of its slot in the KV cache or in the recurrent state.
+    slot: Vec<usize>,
+    k_cache: Vec<f32>,   // [attention layers][ctx][Hkv·hd]
+    v_cache: Vec<f32>,   // [attention layers][ctx][Hkv·hd]
+    conv_state: Vec<f32>, // [DeltaNet layers][K−1][C]: the last K−1 projected inputs, oldest first
+    ssm_state: Vec<f32>,  // [DeltaNet layers][nv][dk][dv]
+}
+
+fn alloc_zeroed(n: usize, what: &str) -> Result<Vec<f32>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| format!("cannot allocate the {what} ({} MiB); try a smaller --ctx", n * 4 >> 20))?;
+    v.resize(n, 0.0);
+    Ok(v)
 }
 
 impl State {
     pub fn new(config: &Config, ctx: usize) -> Result<State, String> {
-        let n = config
-            .n_layers
-            .checked_mul(ctx)
-            .and_then(|v| v.checked_mul(config.kv_dim()))
-            .ok_or("KV cache size overflows")?;
-        let alloc = |what: &str| -> Result<Vec<f32>, String> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|_| format!("cannot allocate the {what} cache ({} MiB); try a smaller --ctx", n * 4 >> 20))?;
-            v.resize(n, 0.0);
-            Ok(v)
-        };
-        Ok(State { pos: 0, ctx, k_cache: alloc("key")?, v_cache: alloc("value")? })
+        let mut slot = Vec::with_capacity(config.n_layers);
+        let (mut n_attn, mut n_dn) = (0usize, 0usize);
+        for kind in &config.layer_kinds {
+            let counter = if *kind == LayerKind::DeltaNet { &mut n_dn } else { &mut n_attn };
+            slot.push(*counter);
+            *counter += 1;
+        }
+        let dn = config.deltanet;
+        let kv = n_attn.checked_mul(ctx).and_then(|v| v.checked_mul(config.kv_dim())).ok_or("KV cache size overflows")?;
+        let conv = n_dn * dn.conv_kernel.saturating_sub(1) * dn.conv_dim();
+        let ssm = n_dn * dn.n_v_heads * dn.k_head_dim * dn.v_head_dim;
+        Ok(State {
+            pos: 0,
+            ctx,
+            slot,
+            k_cache: alloc_zeroed(kv, "key cache")?,
+            v_cache: alloc_zeroed(kv, "value cache")?,
+            conv_state: alloc_zeroed(conv, "convolution state")?,
+            ssm_state: alloc_zeroed(ssm, "recurrent state")?,
+        })
     }
-    /// Bytes held by the cache.
+
+    /// Bytes held by the caches and recurrent state.
     pub fn bytes(&self) -> usize {
-        (self.k_cache.len() + self.v_cache.len()) * 4
+        (self.k_cache.len() + self.v_cache.len() + self.conv_state.len() + self.ssm_state.len()) * 4
     }
-    /// Forget everything after `pos` positions (prompt-cache reuse).
+
+    /// True when the model has recurrent (DeltaNet) state, which cannot be
+    /// rewound to an earlier position, only reset.
+    pub fn is_recurrent(&self) -> bool {
+        !self.ssm_state.is_empty()
+    }
+
+    /// Forgets everything: back to position 0.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        self.conv_state.fill(0.0);
+        self.ssm_state.fill(0.0);
+    }
+
+    /// Keeps the first `pos` positions. Attention caches simply stop there;
+    /// recurrent state cannot rewind, so such a model starts over.
     pub fn truncate(&mut self, pos: usize) {
-        self.pos = self.pos.min(pos);
+        if pos < self.pos {
+            if self.is_recurrent() {
+                self.reset();
+            } else {
+                self.pos = pos;
+            }
+        }
     }
 }
 
@@ -350,17 +447,37 @@ impl Model {
             let qk = |s: &str| -> Result<Option<Vec<f32>>, String> {
                 if c.qk_norm { need_vec(s, hd, c.norm_unit_offset).map(Some) } else { Ok(None) }
             };
+            let mixer = match c.layer_kinds[i] {
+                LayerKind::Full | LayerKind::Sliding => Mixer::Attention(AttentionWeights {
+                    q: loader.matrix(&name("attn_q"), q_rows, d)?,
+                    k: loader.matrix(&name("attn_k"), c.kv_dim(), d)?,
+                    v: loader.matrix(&name("attn_v"), c.kv_dim(), d)?,
+                    o: loader.matrix(&name("attn_o"), d, c.q_dim())?,
+                    q_bias: opt_vec("attn_q_bias", q_rows, false)?,
+                    k_bias: opt_vec("attn_k_bias", c.kv_dim(), false)?,
+                    v_bias: opt_vec("attn_v_bias", c.kv_dim(), false)?,
+                    q_norm: qk("attn_q_norm")?,
+                    k_norm: qk("attn_k_norm")?,
+                }),
+                LayerKind::DeltaNet => {
+                    let dn = c.deltanet;
+                    let (conv_dim, nv) = (dn.conv_dim(), dn.n_v_heads);
+                    Mixer::DeltaNet(DeltaNetWeights {
+                        qkv: loader.matrix(&name("ssm_qkv"), conv_dim, d)?,
+                        z: loader.matrix(&name("ssm_z"), dn.value_dim(), d)?,
+                        b: loader.matrix(&name("ssm_b"), nv, d)?,
+                        a: loader.matrix(&name("ssm_a"), nv, d)?,
+                        conv: loader.table(&name("ssm_conv"), conv_dim, dn.conv_kernel)?,
+                        a_log: need_vec("ssm_a_log", nv, false)?,
+                        dt_bias: need_vec("ssm_dt_bias", nv, false)?,
+                        norm: need_vec("ssm_norm", dn.v_head_dim, false)?,
+                        out: loader.matrix(&name("ssm_out"), d, dn.value_dim())?,
+                    })
+                }
+            };
             layers.push(Layer {
                 attn_norm: need_vec("attn_norm", d, c.norm_unit_offset)?,
-                attn_q: loader.matrix(&name("attn_q"), q_rows, d)?,
-                attn_k: loader.matrix(&name("attn_k"), c.kv_dim(), d)?,
-                attn_v: loader.matrix(&name("attn_v"), c.kv_dim(), d)?,
-                attn_o: loader.matrix(&name("attn_o"), d, c.q_dim())?,
-                q_bias: opt_vec("attn_q_bias", q_rows, false)?,
-                k_bias: opt_vec("attn_k_bias", c.kv_dim(), false)?,
-                v_bias: opt_vec("attn_v_bias", c.kv_dim(), false)?,
-                q_norm: qk("attn_q_norm")?,
-                k_norm: qk("attn_k_norm")?,
+                mixer,
                 attn_post_norm: sandwich("attn_post_norm")?,
                 ffn_norm: need_vec("ffn_norm", d, c.norm_unit_offset)?,
                 ffn_gate: loader.matrix(&name("ffn_gate"), f, d)?,
@@ -405,7 +522,7 @@ impl Model {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size));
         }
-        let (d, hd, kv_dim) = (c.hidden_size, c.head_dim, c.kv_dim());
+        let d = c.hidden_size;
         let pos0 = st.pos;
 
         // x: [T][D] token embeddings
@@ -420,55 +537,17 @@ impl Model {
 
         let rope_tables = RopeTables::new(c, pos0, n_tok);
         let mut xn = vec![0.0f32; n_tok * d];
-        let q_rows = c.q_dim() * if c.attn_output_gate { 2 } else { 1 };
-        let mut q = vec![0.0f32; n_tok * q_rows];
-        let mut k = vec![0.0f32; n_tok * kv_dim];
-        let mut v = vec![0.0f32; n_tok * kv_dim];
-        let mut att = vec![0.0f32; n_tok * c.q_dim()];
         let mut proj = vec![0.0f32; n_tok * d];
         let mut gate = vec![0.0f32; n_tok * c.ffn_dim];
         let mut up = vec![0.0f32; n_tok * c.ffn_dim];
 
         for (l, layer) in self.layers.iter().enumerate() {
-            // ---- attention ----
+            // ---- token mixing: attention or Gated DeltaNet ----
             rmsnorm_rows(&x, &layer.attn_norm, c.norm_eps, &mut xn, d);
-            let input = Input::new(&xn, d);
-            matmul(&self.mat(&layer.attn_q), &input, &mut q);
-            matmul(&self.mat(&layer.attn_k), &input, &mut k);
-            matmul(&self.mat(&layer.attn_v), &input, &mut v);
-            add_bias_rows(&mut q, layer.q_bias.as_deref());
-            add_bias_rows(&mut k, layer.k_bias.as_deref());
-            add_bias_rows(&mut v, layer.v_bias.as_deref());
-
-            // Split [query | gate] per head when the layer has an output gate.
-            let (mut queries, gates) = if c.attn_output_gate { split_query_gate(&q, c) } else { (q.clone(), Vec::new()) };
-            if let Some(w) = &layer.q_norm {
-                head_rmsnorm(&mut queries, w, hd, c.norm_eps);
+            match &layer.mixer {
+                Mixer::Attention(w) => self.attention_block(l, w, &xn, st, &rope_tables, &mut proj),
+                Mixer::DeltaNet(w) => self.deltanet_block(l, w, &xn, st, &mut proj),
             }
-            if let Some(w) = &layer.k_norm {
-                head_rmsnorm(&mut k, w, hd, c.norm_eps);
-            }
-            if c.layer_rope[l] {
-                let table = if c.layer_kinds[l] == LayerKind::Sliding { &rope_tables.local } else { &rope_tables.global };
-                rope_tables.apply(table, &mut queries, hd);
-                rope_tables.apply(table, &mut k, hd);
-            }
-
-            // Append keys and values to the cache: [L][ctx][Hkv·hd].
-            let layer_base = l * st.ctx * kv_dim;
-            let at = layer_base + pos0 * kv_dim;
-            st.k_cache[at..at + n_tok * kv_dim].copy_from_slice(&k);
-            st.v_cache[at..at + n_tok * kv_dim].copy_from_slice(&v);
-            let k_layer = &st.k_cache[layer_base..layer_base + st.ctx * kv_dim];
-            let v_layer = &st.v_cache[layer_base..layer_base + st.ctx * kv_dim];
-            let window = if c.layer_kinds[l] == LayerKind::Sliding { c.sliding_window } else { 0 };
-            attention(c, &queries, k_layer, v_layer, pos0, window, &mut att);
-            if c.attn_output_gate {
-                for (a, g) in att.iter_mut().zip(&gates) {
-                    *a *= 1.0 / (1.0 + (-*g).exp());
-                }
-            }
-            matmul(&self.mat(&layer.attn_o), &Input::new(&att, c.q_dim()), &mut proj);
             if let Some(w) = &layer.attn_post_norm {
                 let tmp = proj.clone();
                 rmsnorm_rows(&tmp, w, c.norm_eps, &mut proj, d);
@@ -511,6 +590,155 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Attention for the new tokens: q/k/v projections, biases, q/k norms,
+    /// RoPE, cache append, causal (windowed) attention, output gate, o_proj.
+    fn attention_block(&self, l: usize, w: &AttentionWeights, xn: &[f32], st: &mut State, rope: &RopeTables, out: &mut [f32]) {
+        let c = &self.config;
+        let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+        let n_tok = xn.len() / c.hidden_size;
+        let input = Input::new(xn, c.hidden_size);
+        let mut q = vec![0.0f32; n_tok * w.q.rows];
+        let mut k = vec![0.0f32; n_tok * kv_dim];
+        let mut v = vec![0.0f32; n_tok * kv_dim];
+        matmul(&self.mat(&w.q), &input, &mut q);
+        matmul(&self.mat(&w.k), &input, &mut k);
+        matmul(&self.mat(&w.v), &input, &mut v);
+        add_bias_rows(&mut q, w.q_bias.as_deref());
+        add_bias_rows(&mut k, w.k_bias.as_deref());
+        add_bias_rows(&mut v, w.v_bias.as_deref());
+
+        // Split [query | gate] per head when the layer has an output gate.
+        let (mut queries, gates) = if c.attn_output_gate { split_query_gate(&q, c) } else { (q, Vec::new()) };
+        if let Some(wn) = &w.q_norm {
+            head_rmsnorm(&mut queries, wn, hd, c.norm_eps);
+        }
+        if let Some(wn) = &w.k_norm {
+            head_rmsnorm(&mut k, wn, hd, c.norm_eps);
+        }
+        let sliding = c.layer_kinds[l] == LayerKind::Sliding;
+        if c.layer_rope[l] {
+            let table = if sliding { &rope.local } else { &rope.global };
+            rope.apply(table, &mut queries, hd);
+            rope.apply(table, &mut k, hd);
+        }
+
+        // Append keys and values to this layer's cache slot: [ctx][Hkv·hd].
+        let base = st.slot[l] * st.ctx * kv_dim;
+        let at = base + st.pos * kv_dim;
+        st.k_cache[at..at + n_tok * kv_dim].copy_from_slice(&k);
+        st.v_cache[at..at + n_tok * kv_dim].copy_from_slice(&v);
+        let k_layer = &st.k_cache[base..base + st.ctx * kv_dim];
+        let v_layer = &st.v_cache[base..base + st.ctx * kv_dim];
+        let window = if sliding { c.sliding_window } else { 0 };
+        let mut att = vec![0.0f32; n_tok * c.q_dim()];
+        attention(c, &queries, k_layer, v_layer, st.pos, window, &mut att);
+        if c.attn_output_gate {
+            for (a, g) in att.iter_mut().zip(&gates) {
+                *a *= 1.0 / (1.0 + (-*g).exp());
+            }
+        }
+        matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
+    }
+
+    /// Gated DeltaNet for the new tokens, one token after another (the
+    /// recurrent form), value heads in parallel.
+    fn deltanet_block(&self, l: usize, w: &DeltaNetWeights, xn: &[f32], st: &mut State, out: &mut [f32]) {
+        let c = &self.config;
+        let dn = c.deltanet;
+        let (nk, nv, dk, dv, kw) = (dn.n_k_heads, dn.n_v_heads, dn.k_head_dim, dn.v_head_dim, dn.conv_kernel);
+        let conv_dim = dn.conv_dim();
+        let n_tok = xn.len() / c.hidden_size;
+        let input = Input::new(xn, c.hidden_size);
+        let mut mixed = vec![0.0f32; n_tok * conv_dim]; // [T][C]
+        let mut z = vec![0.0f32; n_tok * dn.value_dim()]; // [T][nv·dv]
+        let mut b = vec![0.0f32; n_tok * nv];
+        let mut a = vec![0.0f32; n_tok * nv];
+        matmul(&self.mat(&w.qkv), &input, &mut mixed);
+        matmul(&self.mat(&w.z), &input, &mut z);
+        matmul(&self.mat(&w.b), &input, &mut b);
+        matmul(&self.mat(&w.a), &input, &mut a);
+
+        let slot = st.slot[l];
+        let hist = kw - 1;
+        let conv_state = &mut st.conv_state[slot * hist * conv_dim..(slot + 1) * hist * conv_dim];
+        let ssm = &mut st.ssm_state[slot * nv * dk * dv..(slot + 1) * nv * dk * dv];
+        let mut core = vec![0.0f32; n_tok * dn.value_dim()]; // [T][nv·dv]
+        let mut conv_out = vec![0.0f32; conv_dim];
+        for t in 0..n_tok {
+            // Causal depthwise convolution over [state (K−1 inputs) | this input], then SiLU.
+            let m_t = &mixed[t * conv_dim..(t + 1) * conv_dim];
+            for (ch, o) in conv_out.iter_mut().enumerate() {
+                let wrow = &w.conv[ch * kw..(ch + 1) * kw];
+                let mut acc = 0.0f32;
+                for j in 0..hist {
+                    acc += wrow[j] * conv_state[j * conv_dim + ch];
+                }
+                acc += wrow[hist] * m_t[ch];
+                *o = acc / (1.0 + (-acc).exp());
+            }
+            if hist > 0 {
+                conv_state.copy_within(conv_dim.., 0);
+                conv_state[(hist - 1) * conv_dim..].copy_from_slice(m_t);
+            }
+            let (q_all, rest) = conv_out.split_at(nk * dk);
+            let (k_all, v_all) = rest.split_at(nk * dk);
+            let (b_t, a_t) = (&b[t * nv..(t + 1) * nv], &a[t * nv..(t + 1) * nv]);
+            let z_t = &z[t * nv * dv..(t + 1) * nv * dv];
+            let core_t = &mut core[t * nv * dv..(t + 1) * nv * dv];
+            let group = nv / nk;
+            ssm.par_chunks_mut(dk * dv).zip(core_t.par_chunks_mut(dv)).enumerate().for_each(|(j, (s, o))| {
+                let kh = j / group;
+                let scale = 1.0 / (dk as f32).sqrt();
+                let q: Vec<f32> = l2norm(&q_all[kh * dk..(kh + 1) * dk]).iter().map(|v| v * scale).collect();
+                let k = l2norm(&k_all[kh * dk..(kh + 1) * dk]);
+                let v = &v_all[j * dv..(j + 1) * dv];
+                let beta = 1.0 / (1.0 + (-b_t[j]).exp());
+                let g = -w.a_log[j].exp() * softplus(a_t[j] + w.dt_bias[j]);
+                delta_rule_step(s, &q, &k, v, g.exp(), beta, dk, dv, o);
+                // Gated RMSNorm: rmsnorm(o) · w · silu(z)
+                let mut normed = vec![0.0f32; dv];
+                arch::rmsnorm(o, &w.norm, c.norm_eps, 0.0, &mut normed);
+                for (e, ov) in o.iter_mut().enumerate() {
+                    let zv = z_t[j * dv + e];
+                    *ov = normed[e] * (zv / (1.0 + (-zv).exp()));
+                }
+            });
+        }
+        matmul(&self.mat(&w.out), &Input::new(&core, dn.value_dim()), out);
+    }
+}
+
+/// x / sqrt(Σx² + 1e-6), as transformers' l2norm in the DeltaNet kernel.
+fn l2norm(x: &[f32]) -> Vec<f32> {
+    let inv = 1.0 / (arch::dot_f32(x, x) + 1e-6).sqrt();
+    x.iter().map(|v| v * inv).collect()
+}
+
+/// softplus with torch's threshold: x above 20 passes through.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// One delta-rule step on a head's state S [dk][dv]:
+/// S ← S·decay; S += k ⊗ β(v − Sᵀk); o = Sᵀq (reading the updated state).
+#[allow(clippy::too_many_arguments)]
+fn delta_rule_step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], decay: f32, beta: f32, dk: usize, dv: usize, o: &mut [f32]) {
+    s.iter_mut().for_each(|x| *x *= decay);
+    let mut kv_mem = vec![0.0f32; dv];
+    for d in 0..dk {
+        arch::axpy(k[d], &s[d * dv..(d + 1) * dv], &mut kv_mem);
+    }
+    let delta: Vec<f32> = v.iter().zip(&kv_mem).map(|(vv, m)| (vv - m) * beta).collect();
+    for d in 0..dk {
+        arch::axpy(k[d], &delta, &mut s[d * dv..(d + 1) * dv]);
+    }
+    o.fill(0.0);
+    for d in 0..dk {
+        arch::axpy(q[d], &s[d * dv..(d + 1) * dv], o);
+    }
+}
+
 /// Reinterprets validated file bytes as a slice of `T`.
 fn cast<T>(bytes: &[u8]) -> &[T] {
     assert!(bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 && bytes.len() % std::mem::size_of::<T>() == 0);
@@ -544,20 +772,31 @@ impl Loader<'_> {
         Ok(Matrix { ttype: t.ttype, rows, cols, start: t.start, len: t.len })
     }
 
+    /// A small 2-D f32/f16 tensor [rows, cols] copied out (convolution weights).
+    fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+        let t = self.info(name)?;
+        if t.dims != [rows as u64, cols as u64] {
+            return Err(format!("{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]", self.file.path, t.dims));
+        }
+        self.floats(name, t)
+    }
+
+    fn floats(&self, name: &str, t: &TensorInfo) -> Result<Vec<f32>, String> {
+        let bytes = self.file.tensor_bytes(t);
+        match t.ttype {
+            TensorType::F32 => Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
+            TensorType::F16 => Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect()),
+            other => Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name())),
+        }
+    }
+
     /// A 1-D f32/f16 tensor copied out, plus `1` per element for (1 + w) norms.
     fn vector(&self, name: &str, n: usize, unit_offset: bool) -> Result<Vec<f32>, String> {
         let t = self.info(name)?;
         if t.dims != [n as u64] {
             return Err(format!("{}: tensor '{name}' has shape {:?}, expected [{n}]", self.file.path, t.dims));
         }
-        let bytes = self.file.tensor_bytes(t);
-        let mut out: Vec<f32> = match t.ttype {
-            TensorType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
-            TensorType::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect(),
-            other => {
-                return Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name()))
-            }
-        };
+        let mut out = self.floats(name, t)?;
         if unit_offset {
             out.iter_mut().for_each(|v| *v += 1.0);
         }
