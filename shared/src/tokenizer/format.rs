@@ -1,0 +1,285 @@
+//! Parser for the `.mlt` tokenizer file (docs/FORMAT.md, section `.mlt`).
+//!
+//! Every count and length is checked against the bytes that remain before anything is
+//! allocated, so a hostile file can never make the reader allocate more than its own size.
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"KRAFLAMT";
+/// The only version this reader understands.
+pub const VERSION: u32 = 1;
+/// Upper bound on `n_vocab`.
+pub const MAX_VOCAB: u32 = 4_194_304;
+/// Upper bound on `n_merges`.
+pub const MAX_MERGES: u32 = 16_777_216;
+/// Upper bound on the byte length of one token string.
+pub const MAX_TOKEN_LEN: u32 = 65_536;
+
+/// Flag bits of the header.
+pub const FLAG_BYTE_FALLBACK: u32 = 1;
+pub const FLAG_PREFIX_SPACE: u32 = 1 << 1;
+pub const FLAG_ADD_BOS: u32 = 1 << 2;
+pub const FLAG_ADD_EOS: u32 = 1 << 3;
+pub const FLAG_METASPACE: u32 = 1 << 4;
+const KNOWN_FLAGS: u32 = (1 << 5) - 1;
+
+/// Token types.
+#[cfg_attr(not(test), allow(dead_code))]
+pub const TYPE_NORMAL: u8 = 0;
+pub const TYPE_CONTROL: u8 = 1;
+pub const TYPE_USER: u8 = 2;
+pub const TYPE_BYTE: u8 = 3;
+pub const TYPE_UNKNOWN: u8 = 4;
+
+/// Smallest encoding of one vocabulary entry: empty string (4) + f32 score (4) + u8 type (1).
+const MIN_VOCAB_ENTRY: usize = 9;
+/// Encoding of one merge: two u32 ids.
+const MERGE_ENTRY: usize = 8;
+
+/// Model kind (header field at offset 12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// GPT-2 style byte-level BPE.
+    ByteLevel,
+    /// SentencePiece-style BPE (U+2581 for spaces, optional byte fallback).
+    SentencePiece,
+}
+
+/// Pre-tokenizer kind (header field at offset 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    None,
+    Gpt2,
+    Llama3,
+    Qwen2,
+}
+
+/// The file's contents, validated for structure (ids in range, UTF-8 strings).
+#[derive(Debug)]
+pub struct RawTokenizer {
+    pub kind: ModelKind,
+    pub pretok: PreTokenizer,
+    pub flags: u32,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub chat_template: String,
+    pub tokens: Vec<String>,
+    pub types: Vec<u8>,
+    /// (left, right) id pairs; rank = index.
+    pub merges: Vec<(u32, u32)>,
+}
+
+/// Bounds-checked little-endian cursor over the file.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if n > self.remaining() {
+            return Err(format!(
+                "truncated file: {what} needs {n} bytes at offset {}, only {} left",
+                self.pos,
+                self.remaining()
+            ));
+        }
+        let out = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N, what)?);
+        Ok(out)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn i32(&mut self, what: &str) -> Result<i32, String> {
+        Ok(i32::from_le_bytes(self.array(what)?))
+    }
+
+    /// A `u32` length followed by that many UTF-8 bytes.
+    fn string(&mut self, what: &str, max_len: u32) -> Result<&'a str, String> {
+        let len = self.u32(what)?;
+        if len > max_len {
+            return Err(format!("{what} length {len} exceeds the limit {max_len}"));
+        }
+        let bytes = self.take(len as usize, what)?;
+        std::str::from_utf8(bytes).map_err(|e| format!("{what} is not valid UTF-8 ({e})"))
+    }
+
+    /// A count that is followed by `count` entries of at least `entry_size` bytes each.
+    fn count(&mut self, what: &str, max: u32, entry_size: usize) -> Result<usize, String> {
+        let n = self.u32(what)?;
+        if n > max {
+            return Err(format!("{what} {n} exceeds the limit {max}"));
+        }
+        let n = n as usize;
+        let need = n
+            .checked_mul(entry_size)
+            .ok_or_else(|| format!("{what} {n} overflows"))?;
+        if need > self.remaining() {
+            return Err(format!(
+                "truncated file: {what} {n} needs at least {need} bytes at offset {}, only {} left",
+                self.pos,
+                self.remaining()
+            ));
+        }
+        Ok(n)
+    }
+}
+
+fn model_kind(v: u32) -> Result<ModelKind, String> {
+    match v {
+        0 => Ok(ModelKind::ByteLevel),
+        1 => Ok(ModelKind::SentencePiece),
+        _ => Err(format!("unknown model kind {v} (expected 0 or 1)")),
+    }
+}
+
+fn pre_tokenizer(v: u32) -> Result<PreTokenizer, String> {
+    match v {
+        0 => Ok(PreTokenizer::None),
+        1 => Ok(PreTokenizer::Gpt2),
+        2 => Ok(PreTokenizer::Llama3),
+        3 => Ok(PreTokenizer::Qwen2),
+        _ => Err(format!("unknown pre-tokenizer {v} (expected 0..=3)")),
+    }
+}
+
+/// `-1` means absent; anything else must index the vocabulary.
+fn optional_id(v: i32, what: &str, n_vocab: usize) -> Result<Option<u32>, String> {
+    match v {
+        -1 => Ok(None),
+        v if v >= 0 && (v as usize) < n_vocab => Ok(Some(v as u32)),
+        v => Err(format!(
+            "{what} {v} is out of range (vocabulary has {n_vocab} tokens)"
+        )),
+    }
+}
+
+/// Parse and structurally validate a whole `.mlt` file.
+pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
+    let mut r = Reader { buf, pos: 0 };
+    let magic = r.take(8, "magic")?;
+    if magic != MAGIC {
+        return Err("bad magic (not a KRAFLAMT tokenizer file)".to_string());
+    }
+    let version = r.u32("version")?;
+    if version != VERSION {
+        return Err(format!(
+            "unsupported version {version} (expected {VERSION})"
+        ));
+    }
+    let kind = model_kind(r.u32("model kind")?)?;
+    let pretok = pre_tokenizer(r.u32("pre-tokenizer")?)?;
+    let flags = r.u32("flags")?;
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(format!("unknown flag bits {:#x}", flags & !KNOWN_FLAGS));
+    }
+    let mut special = [0i32; 5];
+    for (slot, what) in special.iter_mut().zip(SPECIAL_NAMES) {
+        *slot = r.i32(what)?;
+    }
+    let chat_template = r.string("chat template", MAX_TOKEN_LEN)?.to_string();
+
+    let n_vocab = r.count("n_vocab", MAX_VOCAB, MIN_VOCAB_ENTRY)?;
+    let mut tokens = Vec::with_capacity(n_vocab);
+    let mut types = Vec::with_capacity(n_vocab);
+    for i in 0..n_vocab {
+        let what = format!("token {i}");
+        tokens.push(r.string(&what, MAX_TOKEN_LEN)?.to_string());
+        let _score = f32::from_le_bytes(r.array(&what)?);
+        let ty = r.array::<1>(&what)?[0];
+        if ty > TYPE_UNKNOWN {
+            return Err(format!("{what} has unknown token type {ty}"));
+        }
+        types.push(ty);
+    }
+
+    let n_merges = r.count("n_merges", MAX_MERGES, MERGE_ENTRY)?;
+    let mut merges = Vec::with_capacity(n_merges);
+    for i in 0..n_merges {
+        let what = format!("merge {i}");
+        let (a, b) = (r.u32(&what)?, r.u32(&what)?);
+        if a as usize >= n_vocab || b as usize >= n_vocab {
+            return Err(format!(
+                "{what} ({a}, {b}) is out of range (vocabulary has {n_vocab} tokens)"
+            ));
+        }
+        merges.push((a, b));
+    }
+    if r.remaining() != 0 {
+        return Err(format!("{} unexpected trailing bytes", r.remaining()));
+    }
+
+    let [bos, eos, eot, unk, pad] = special;
+    Ok(RawTokenizer {
+        kind,
+        pretok,
+        flags,
+        bos: optional_id(bos, SPECIAL_NAMES[0], n_vocab)?,
+        eos: optional_id(eos, SPECIAL_NAMES[1], n_vocab)?,
+        eot: optional_id(eot, SPECIAL_NAMES[2], n_vocab)?,
+        unk: optional_id(unk, SPECIAL_NAMES[3], n_vocab)?,
+        pad: optional_id(pad, SPECIAL_NAMES[4], n_vocab)?,
+        chat_template,
+        tokens,
+        types,
+        merges,
+    })
+}
+
+const SPECIAL_NAMES: [&str; 5] = ["bos_id", "eos_id", "eot_id", "unk_id", "pad_id"];
+
+/// Serialise a tokenizer description to `.mlt` bytes (used by the unit tests).
+#[cfg(test)]
+pub fn write(raw: &RawTokenizer, scores: Option<&[f32]>) -> Vec<u8> {
+    fn string(out: &mut Vec<u8>, s: &[u8]) {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    let id = |v: Option<u32>| v.map_or(-1, |v| v as i32);
+    let mut out = MAGIC.to_vec();
+    let kind = match raw.kind {
+        ModelKind::ByteLevel => 0u32,
+        ModelKind::SentencePiece => 1,
+    };
+    let pretok = match raw.pretok {
+        PreTokenizer::None => 0u32,
+        PreTokenizer::Gpt2 => 1,
+        PreTokenizer::Llama3 => 2,
+        PreTokenizer::Qwen2 => 3,
+    };
+    for v in [VERSION, kind, pretok, raw.flags] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [raw.bos, raw.eos, raw.eot, raw.unk, raw.pad] {
+        out.extend_from_slice(&id(v).to_le_bytes());
+    }
+    string(&mut out, raw.chat_template.as_bytes());
+    out.extend_from_slice(&(raw.tokens.len() as u32).to_le_bytes());
+    for (i, (t, ty)) in raw.tokens.iter().zip(&raw.types).enumerate() {
+        string(&mut out, t.as_bytes());
+        let score = scores.map_or(0.0, |s| s[i]);
+        out.extend_from_slice(&score.to_le_bytes());
+        out.push(*ty);
+    }
+    out.extend_from_slice(&(raw.merges.len() as u32).to_le_bytes());
+    for (a, b) in &raw.merges {
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+    out
+}

@@ -1,0 +1,346 @@
+"""Krafla tokenizers vs. Hugging Face `tokenizers` (the oracle) on the real SmolLM2 and Gemma 3
+vocabularies, plus converter checks.
+
+The Rust side runs through `shared/examples/tokenize_cases.rs` (one process per case file, cases
+as hex lines, results as JSON lines), so the whole module takes a few seconds once built.
+"""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, REPO, TOOLS, run_tool
+
+tokenizers = pytest.importorskip("tokenizers")
+
+NAMES = ("smollm2", "gemma3")
+
+LONG_PARAGRAPH = (
+    "The quick brown fox jumps over the lazy dog. " * 20
+    + "In 1969, Apollo 11 landed on the Moon; Neil Armstrong's words were heard by ~600,000,000 "
+      "people. It's remarkable, isn't it? We'll never forget what they'd done -- they've shown "
+      "what humans can do. "
+    + "Götterdämmerung, façade, jalapeño, smörgåsbord, crème brûlée, Ærøskøbing. " * 4
+    + "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다. " * 3
+    + "Emoji time: 😀😃😄😁 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇮🇸 " * 3
+    + "\n\n" + "Numbers: " + " ".join(str(i * 7919) for i in range(60)) + ".\n"
+)
+assert len(LONG_PARAGRAPH) > 2000
+
+CODE = '''\
+fn main() {
+    let v: Vec<u32> = (0..10).map(|x| x * x).collect();
+    println!("{:?}", v); // squares
+}
+
+def f(x, *args, **kw):
+\tif x >= 0x1F and not kw.get('y'):
+\t\treturn [i for i in range(x)]  # comment
+    return {"a": 1, 'b': None}
+'''
+
+CASES = [
+    "", " ", "  ", "a", "Hello world!", "Hello, World! How are you today?",
+    "The cat sat on the mat.", "  leading spaces", "trailing spaces   ", "   ",
+    "tabs\tin\t\ttext\t", "new\nlines\n", "\n", "\n\n\n", "\n \n  \n", "a\n\n\nb",
+    " \t\n\r\n mixed \u00a0 whitespace \u3000 end", "line\r\nwindows\r\n",
+    "12345", "3.14159265358979", "1,000,000 and 9876543210123456789", "2024-01-31T12:34:56Z",
+    "I'm, you're, he's, we've, they'll, she'd, can't, don't",
+    "I'M YOU'RE HE'S WE'VE THEY'LL SHE'D CAN'T", "rock 'n' roll's 'quoted' words''",
+    "Punctuation!!! ... ??? ;;; ::: --- ___ ((())) [[]] {{}} <<>> @#$%^&*",
+    "naïve café résumé Ångström Ελληνικά Русский текст",
+    "日本語のテキスト、中文文本。한국어 텍스트", "ภาษาไทย हिन्दी العربية עברית",
+    "😀 emoji 👍🏽 and ZWJ 👨‍👩‍👧‍👦 flags 🇺🇸🇯🇵 🏳️‍🌈",
+    "mixed: hello世界мир123abc🙂!",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|im_end|>more<|endoftext|>", "<|im_start|><|im_start|>",
+    "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>inline bos<eos>", "<unk> <pad> <mask>", "<s>html strike</s> <b>bold</b>",
+    "almost special <|im_start and <start_of_turn", "<|im_start|>", "<end_of_turn>",
+    "\u2581already metaspace\u2581\u2581", "ĠĊ gpt2 chars", "<0x41> literal byte token text",
+    "\u200b zero width \ufeff bom \u00ad soft hyphen", "\x00 nul \x07 bell \x1b[0m",
+    "ﬁ ligature Ⅻ roman ½ fraction ² superscript",
+    "abc1234567def 12 123 1234", "end!!!\n\n  next ...\r\n\r\nx", "HELLO'S it'S 'LL",
+    LONG_PARAGRAPH, CODE,
+]
+
+
+def random_texts(hf, n, seed):
+    """Fuzz texts: concatenations of decoded random vocabulary entries and punctuation."""
+    rng = random.Random(seed)
+    size = hf.get_vocab_size()
+    texts = []
+    for _ in range(n):
+        ids = [rng.randrange(size) for _ in range(rng.randrange(1, 40))]
+        parts = [hf.decode([i]) for i in ids]
+        seps = ["", " ", "\n", "  ", "'s", "1", "."]
+        texts.append("".join(p + rng.choice(seps) for p in parts))
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+# ---------------------------------------------------------------------------------------------
+
+def tokenizer_json(name):
+    return FIXTURES / "tokenizers" / name / "tokenizer.json"
+
+
+@pytest.fixture(scope="session")
+def cases_binary():
+    """Build the test-support example once (release, like the runtime)."""
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "krafla", "--example",
+                    "tokenize_cases"], cwd=REPO, check=True, timeout=1800)
+
+    def run(mlt, lines, tmp_path):
+        cases = tmp_path / "cases.txt"
+        cases.write_text("\n".join(lines) + "\n", encoding="ascii")
+        p = subprocess.run(["cargo", "run", "--release", "-q", "-p", "krafla", "--example",
+                            "tokenize_cases", "--", str(mlt), str(cases)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        out = [json.loads(line) for line in p.stdout.splitlines()]
+        assert len(out) == len(lines)
+        return out
+    return run
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """name -> .mlt converted from the fixture tokenizer.json."""
+    out = {}
+    for name in NAMES:
+        mlt = tmp_path_factory.mktemp(name) / "tokenizer.mlt"
+        run_tool("convert_tokenizer.py", tokenizer_json(name), "-o", mlt)
+        out[name] = mlt
+    return out
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    return {name: tokenizers.Tokenizer.from_file(str(tokenizer_json(name))) for name in NAMES}
+
+
+def encode_lines(texts):
+    return [f"E {flag} {t.encode('utf-8').hex()}" for t in texts for flag in (0, 1)]
+
+
+def text_of(result, key="decoded"):
+    return bytes.fromhex(result[key]).decode("utf-8", errors="replace")
+
+
+def check_against_oracle(hf, texts, results):
+    """Compare encode (both add_special settings), decode and streamed decode."""
+    failures = []
+    it = iter(results)
+    for text in texts:
+        for add_special in (False, True):
+            got = next(it)
+            want = hf.encode(text, add_special_tokens=add_special).ids
+            if got["ids"] != want:
+                failures.append(f"encode({text[:60]!r}, {add_special}): {got['ids'][:30]} != {want[:30]}")
+                continue
+            want_text = hf.decode(want, skip_special_tokens=False)
+            if text_of(got) != want_text:
+                failures.append(f"decode({text[:60]!r}): {text_of(got)[:60]!r} != {want_text[:60]!r}")
+            if got["streamed"] != got["decoded"]:
+                failures.append(f"streamed decode differs for {text[:60]!r}")
+    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests against the oracle
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_decode_match_oracle(name, converted, oracle, cases_binary, tmp_path):
+    texts = CASES + random_texts(oracle[name], 40, seed=len(name))
+    results = cases_binary(converted[name], encode_lines(texts), tmp_path)
+    check_against_oracle(oracle[name], texts, results)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_oracle_ids(name, converted, oracle, cases_binary, tmp_path):
+    """Round-trip: Krafla decodes the oracle's ids of every case to the oracle's text."""
+    hf = oracle[name]
+    id_lists = [hf.encode(t, add_special_tokens=True).ids for t in CASES]
+    lines = ["D " + ",".join(map(str, ids)) for ids in id_lists]
+    results = cases_binary(converted[name], lines, tmp_path)
+    for text, ids, got in zip(CASES, id_lists, results):
+        assert text_of(got) == hf.decode(ids, skip_special_tokens=False), text[:60]
+        assert got["streamed"] == got["decoded"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_every_token(name, converted, oracle, cases_binary, tmp_path):
+    """Each vocabulary entry decodes alone like the oracle (byte tokens excepted for
+    SentencePiece: Krafla returns the raw byte where HF substitutes U+FFFD)."""
+    hf = oracle[name]
+    ids = [i for i in range(hf.get_vocab_size())
+           if not (name == "gemma3" and (hf.id_to_token(i) or "").startswith("<0x"))]
+    step = 1 if len(ids) < 100_000 else 3  # keep Gemma's 262k vocabulary quick
+    ids = ids[::step]
+    results = cases_binary(converted[name], [f"D {i}" for i in ids], tmp_path)
+    want = hf.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    bad = [(i, text_of(r), w) for i, r, w in zip(ids, results, want) if text_of(r) != w]
+    assert not bad, f"{len(bad)} tokens decode differently, e.g. {bad[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Other pre-tokenizers / normalisers, built from the real vocabularies
+# ---------------------------------------------------------------------------------------------
+
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def variant(tmp_path, name, edit):
+    """A copy of a fixture tokenizer.json changed by `edit(dict)`; returns (hf, mlt path)."""
+    j = json.loads(tokenizer_json(name).read_text(encoding="utf-8"))
+    edit(j)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(j), encoding="utf-8")
+    mlt = tmp_path / "tokenizer.mlt"
+    run_tool("convert_tokenizer.py", path, "-o", mlt)
+    return tokenizers.Tokenizer.from_file(str(path)), mlt
+
+
+@pytest.mark.parametrize("regex", [LLAMA3_REGEX, QWEN2_REGEX], ids=["llama3", "qwen2"])
+def test_split_regex_pretokenizers(regex, cases_binary, tmp_path):
+    def edit(j):
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}
+    hf, mlt = variant(tmp_path, "smollm2", edit)
+    texts = CASES + random_texts(hf, 20, seed=7)
+    check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
+
+
+def test_byte_level_prefix_space_and_template(cases_binary, tmp_path):
+    def edit(j):
+        j["pre_tokenizer"]["add_prefix_space"] = True
+        j["post_processor"] = {"type": "TemplateProcessing",
+                               "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}},
+                                          {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}}],
+                               "pair": [], "special_tokens": {
+                                   "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]},
+                                   "<|im_end|>": {"id": "<|im_end|>", "ids": [2], "tokens": ["<|im_end|>"]}}}
+    hf, mlt = variant(tmp_path, "smollm2", edit)
+    check_against_oracle(hf, CASES, cases_binary(mlt, encode_lines(CASES), tmp_path))
+
+
+def test_llama2_style_prefix_space(cases_binary, tmp_path):
+    """SentencePiece with Prepend('▁') and the Strip decoder (Llama 2 style)."""
+    def edit(j):
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+        j["pre_tokenizer"] = None
+        j["decoder"]["decoders"].append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    hf, mlt = variant(tmp_path, "gemma3", edit)
+    texts = [t for t in CASES if t != LONG_PARAGRAPH][:40]
+    check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
+
+
+def test_gguf_sentencepiece_path(cases_binary, tmp_path):
+    """A `llama`-model GGUF (scores, no merges) converts to the same tokenizer as its
+    tokenizer.json. Built from the first 32768 Gemma 3 tokens (scores = -id, as SentencePiece
+    BPE assigns them); characters outside the subset exercise byte fallback."""
+    gguf = pytest.importorskip("gguf")
+    n = 32768
+    j = json.loads(tokenizer_json("gemma3").read_text(encoding="utf-8"))
+    tokens = [None] * n
+    for tok, i in j["model"]["vocab"].items():
+        if i < n:
+            tokens[i] = tok
+    keep = set(tokens)
+    j["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
+    j["model"]["merges"] = [m for m in j["model"]["merges"]
+                            if m[0] in keep and m[1] in keep and m[0] + m[1] in keep]
+    j["added_tokens"] = [a for a in j["added_tokens"] if a["id"] < n]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(j), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+
+    types = [1] * n  # llama.cpp types: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+    for a in j["added_tokens"]:
+        types[a["id"]] = 3 if a["special"] else 4
+    for i, t in enumerate(tokens):
+        if len(t) == 6 and t.startswith("<0x"):
+            types[i] = 6
+    types[3] = 2
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "gemma3")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(n)])
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    mlt = tmp_path / "t.mlt"
+    run_tool("convert_tokenizer.py", tmp_path / "t.gguf", "-o", mlt)
+    texts = CASES + random_texts(tokenizers.Tokenizer.from_file(str(tokenizer_json("gemma3"))), 20, 5)
+    check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Converter
+# ---------------------------------------------------------------------------------------------
+
+def header(mlt):
+    import struct
+    data = mlt.read_bytes()
+    magic, version, kind, pre, flags, *ids = struct.unpack_from("<8sIIII5i", data)
+    (tlen,) = struct.unpack_from("<I", data, 44)
+    return dict(magic=magic, version=version, kind=kind, pre=pre, flags=flags,
+                ids=ids, chat=data[48:48 + tlen].decode())
+
+
+def test_converter_metadata(converted):
+    smol, gemma = header(converted["smollm2"]), header(converted["gemma3"])
+    assert smol["magic"] == b"KRAFLAMT" and smol["version"] == 1
+    assert (smol["kind"], smol["pre"], smol["flags"]) == (0, 1, 0)
+    assert smol["chat"] == "chatml"
+    assert smol["ids"] == [1, 2, 2, 0, 2]  # bos <|im_start|>, eos/eot <|im_end|>, unk, pad
+    assert (gemma["kind"], gemma["pre"]) == (1, 0)
+    assert gemma["flags"] == 1 | 4 | 16  # byte_fallback, add_bos, space_to_metaspace
+    assert gemma["chat"] == "gemma"
+    assert gemma["ids"] == [2, 1, 106, 3, 0]  # <bos> <eos> <end_of_turn> <unk> <pad>
+
+
+def test_converter_rejects_unsupported(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
+    p = run_tool("convert_tokenizer.py", path, "-o", tmp_path / "x.mlt", check=False)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "unsupported tokenizer" in p.stderr
+    assert not (tmp_path / "x.mlt").exists()
+    assert not list(tmp_path.glob(".x.mlt*")), "temp file left behind"
+
+
+def test_gguf_tokenizer_matches_json(smollm2_gguf, converted, cases_binary, tmp_path):
+    pytest.importorskip("gguf")
+    mlt = tmp_path / "gguf.mlt"
+    run_tool("convert_tokenizer.py", smollm2_gguf, "-o", mlt)
+    assert header(mlt) == header(converted["smollm2"])
+    lines = encode_lines(CASES)
+    from_gguf = cases_binary(mlt, lines, tmp_path)
+    from_json = cases_binary(converted["smollm2"], lines, tmp_path)
+    assert from_gguf == from_json
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
