@@ -209,15 +209,29 @@ def variant(tmp_path, name, edit):
     return tokenizers.Tokenizer.from_file(str(path)), mlt
 
 
-@pytest.mark.parametrize("regex", [LLAMA3_REGEX, QWEN2_REGEX], ids=["llama3", "qwen2"])
-def test_split_regex_pretokenizers(regex, cases_binary, tmp_path):
+# Text that is not in NFC: decomposed accents, Hangul jamo, a compatibility-free mix.
+NON_NFC = ["Cafe\u0301 de\u0301ja\u0300 vu", "A\u030angstro\u0308m", "\u1100\u1161\u11a8 \u1112\u1161\u11ab",
+           "n\u0303 and o\u0302\u0323"]
+
+
+@pytest.mark.parametrize("regex,option", [(LLAMA3_REGEX, "ignore_merges"), (QWEN2_REGEX, "nfc")],
+                         ids=["llama3", "qwen2"])
+def test_split_regex_pretokenizers(regex, option, cases_binary, tmp_path):
+    """Llama 3 (its regex with ignore_merges) and Qwen2 (its regex with the NFC normaliser)."""
     def edit(j):
         j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
              "use_regex": False}]}
+        if option == "ignore_merges":
+            j["model"]["ignore_merges"] = True
+            # A whole word in the vocabulary that no merge sequence builds: only
+            # ignore_merges produces it as one token.
+            j["model"]["vocab"]["\u0120xyzzyq"] = max(j["model"]["vocab"].values()) + 1
+        else:
+            j["normalizer"] = {"type": "NFC"}
     hf, mlt = variant(tmp_path, "smollm2", edit)
-    texts = CASES + random_texts(hf, 20, seed=7)
+    texts = CASES + NON_NFC + ["say xyzzyq twice: xyzzyq xyzzyq"] + random_texts(hf, 20, seed=7)
     check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
 
 

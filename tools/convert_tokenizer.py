@@ -29,6 +29,7 @@ VERSION = 1
 KIND_BYTE_BPE, KIND_SPM_BPE = 0, 1
 PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 = 0, 1, 2, 3
 FLAG_BYTE_FALLBACK, FLAG_PREFIX_SPACE, FLAG_ADD_BOS, FLAG_ADD_EOS, FLAG_METASPACE = 1, 2, 4, 8, 16
+FLAG_IGNORE_MERGES, FLAG_NFC = 32, 64
 T_NORMAL, T_CONTROL, T_USER, T_BYTE, T_UNKNOWN = 0, 1, 2, 3, 4
 MAX_VOCAB, MAX_MERGES, MAX_TOKEN_LEN = 4_194_304, 16_777_216, 65536
 
@@ -227,8 +228,6 @@ def read_tokenizer_json(path):
         raise Unsupported("BPE dropout")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unsupported("BPE continuing_subword_prefix / end_of_word_suffix")
-    if model.get("ignore_merges"):
-        warn("BPE ignore_merges=true is not representable; whole-word vocab hits are merged normally")
 
     vocab = model["vocab"]
     added = j.get("added_tokens") or []
@@ -259,7 +258,7 @@ def read_tokenizer_json(path):
         kind = KIND_BYTE_BPE
         if norms:
             if [n.get("type") for n in norms] == ["NFC"]:
-                warn("NFC normalizer is not applied by Krafla (exact only for NFC input)")
+                flags |= FLAG_NFC
             else:
                 raise Unsupported(f"normalizer {[n.get('type') for n in norms]} with byte-level BPE")
         pre, prefix = byte_level_pretok(pres)
@@ -273,6 +272,8 @@ def read_tokenizer_json(path):
         raise Unsupported("neither byte-level nor SentencePiece-style BPE")
     if model.get("byte_fallback"):
         flags |= FLAG_BYTE_FALLBACK
+    if model.get("ignore_merges"):
+        flags |= FLAG_IGNORE_MERGES
 
     if kind == KIND_SPM_BPE:
         for i, t in enumerate(tokens):
@@ -369,6 +370,12 @@ def read_gguf(path):
         if pre_name not in GGUF_PRE:
             raise Unsupported(f"tokenizer.ggml.pre {pre_name!r}")
         pre = GGUF_PRE[pre_name]
+        # llama.cpp's Llama 3 tokenizer looks whole words up first (HF's ignore_merges);
+        # Qwen2's applies NFC.
+        if pre == PRE_LLAMA3:
+            flags |= FLAG_IGNORE_MERGES
+        if pre == PRE_QWEN2:
+            flags |= FLAG_NFC
         merges = []
         for m in gguf_value(r, "tokenizer.ggml.merges") or []:
             a, b = m.split(" ", 1)

@@ -15,6 +15,7 @@
 
 mod added;
 mod bpe;
+use unicode_normalization::UnicodeNormalization;
 mod format;
 mod pretok;
 
@@ -130,7 +131,18 @@ impl Tokenizer {
     /// Encode a run of text that contains no added tokens.
     fn encode_run(&self, run: &str, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
         let text = self.normalize(run);
+        let ignore_merges = self.flag(format::FLAG_IGNORE_MERGES) && self.kind == ModelKind::ByteLevel;
+        let byte_chars = pretok::byte_to_char();
+        let mut mapped = String::new();
         pretok::split(self.regex.as_ref(), &text, |word| {
+            if ignore_merges {
+                mapped.clear();
+                mapped.extend(word.bytes().map(|b| byte_chars[usize::from(b)]));
+                if let Some(&id) = self.vocab.get(mapped.as_str()) {
+                    out.push(id);
+                    return;
+                }
+            }
             scratch.clear();
             match self.kind {
                 ModelKind::ByteLevel => self.byte_level_symbols(word, scratch),
@@ -142,6 +154,13 @@ impl Tokenizer {
 
     /// Apply the prefix-space and metaspace normalisation to one run.
     fn normalize(&self, run: &str) -> String {
+        let nfc;
+        let run = if self.flag(format::FLAG_NFC) {
+            nfc = run.nfc().collect::<String>();
+            nfc.as_str()
+        } else {
+            run
+        };
         let prefix = self.flag(format::FLAG_PREFIX_SPACE);
         match self.kind {
             ModelKind::ByteLevel if prefix && !run.starts_with(' ') => format!(" {run}"),

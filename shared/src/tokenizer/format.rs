@@ -20,7 +20,11 @@ pub const FLAG_PREFIX_SPACE: u32 = 1 << 1;
 pub const FLAG_ADD_BOS: u32 = 1 << 2;
 pub const FLAG_ADD_EOS: u32 = 1 << 3;
 pub const FLAG_METASPACE: u32 = 1 << 4;
-const KNOWN_FLAGS: u32 = (1 << 5) - 1;
+/// A pre-token found whole in the vocabulary is emitted as is (Llama 3's `ignore_merges`).
+pub const FLAG_IGNORE_MERGES: u32 = 1 << 5;
+/// Unicode NFC normalisation before pre-tokenising (Qwen2).
+pub const FLAG_NFC: u32 = 1 << 6;
+const KNOWN_FLAGS: u32 = (1 << 7) - 1;
 
 /// Token types.
 #[cfg_attr(not(test), allow(dead_code))]
