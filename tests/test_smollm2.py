@@ -4,29 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_ml, run_tool
+from conftest import FIXTURES, run_ml
 
 REAL = json.loads((FIXTURES / "real" / "smollm2-135m.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def smol(tmp_path_factory, smollm2_gguf):
-    """type -> converted .mlb; 'mlt' -> tokenizer converted from the GGUF."""
-    root = tmp_path_factory.mktemp("smollm2")
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            if kind == "mlt":
-                out = root / "smollm2.mlt"
-                run_tool("convert_tokenizer.py", smollm2_gguf, "-o", out)
-            else:
-                out = root / f"smollm2-{kind}.mlb"
-                run_tool("convert.py", smollm2_gguf, "-o", out, "--type", kind)
-            cache[kind] = out
-        return cache[kind]
-
-    return get
 
 
 def test_f32_matches_transformers_top20_and_greedy(smol, tmp_path):

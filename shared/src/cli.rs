@@ -75,11 +75,36 @@ pub struct Args {
     /// Print generated token ids as a JSON array instead of text.
     #[arg(long)]
     pub print_ids: bool,
+    /// Benchmark: prompt processing (--pp) and generation (--tg) speed, llama-bench style.
+    #[arg(long)]
+    pub bench: bool,
+    /// --bench: prompt tokens (also accepted as -pp).
+    #[arg(long = "pp", default_value_t = 512)]
+    pub bench_pp: usize,
+    /// --bench: generated tokens (also accepted as -tg).
+    #[arg(long = "tg", default_value_t = 128)]
+    pub bench_tg: usize,
+    /// --bench: repetitions.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub bench_reps: usize,
+    /// Perplexity of a text file (llama.cpp's protocol; --ctx defaults to 512 here).
+    #[arg(long)]
+    pub perplexity: Option<PathBuf>,
 }
 
 /// Entry point of every executable; returns the process exit code.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
+    // `ml_run --server ...` (and the `ml_server` launcher name) runs the HTTP server.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "--server") {
+        return crate::server::main();
+    }
+    // llama-bench spells these with one dash.
+    let argv = std::env::args_os().map(|a| match a.to_str() {
+        Some("-pp") => "--pp".into(),
+        Some("-tg") => "--tg".into(),
+        _ => a,
+    });
+    let args = match Args::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();
@@ -155,6 +180,31 @@ fn run(args: Args) -> Result<(), String> {
                 cfg.vocab_size
             ));
         }
+    }
+
+    if args.bench {
+        if args.bench_reps == 0 {
+            return Err("-r must be at least 1".into());
+        }
+        let name = model_path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        let cfg = crate::measure::BenchConfig {
+            prompt_tokens: args.bench_pp,
+            gen_tokens: args.bench_tg,
+            repetitions: args.bench_reps,
+            batch: args.batch,
+            threads,
+        };
+        return crate::measure::bench(&model, &name, &cfg);
+    }
+    if let Some(path) = &args.perplexity {
+        let tok = tokenizer.as_ref().ok_or("--perplexity needs a tokenizer (-z)")?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let ctx = args.ctx.unwrap_or(512);
+        if ctx < 4 || ctx > cfg.context_length {
+            return Err(format!("--ctx {ctx} must be within 4..={}", cfg.context_length));
+        }
+        crate::measure::perplexity(&model, tok, &text, ctx, args.batch)?;
+        return Ok(());
     }
 
     let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {

@@ -4,8 +4,10 @@
 pub mod chat;
 pub mod cli;
 pub mod kernels;
+pub mod measure;
 pub mod mlb;
 pub mod model;
 pub mod quant;
 pub mod sampler;
+pub mod server;
 pub mod tokenizer;

@@ -489,6 +489,21 @@ impl Model {
         Ok(Model { file, config, token_embd, output_norm, output, layers })
     }
 
+    /// Bytes of weights one decoded token reads: every matrix of every
+    /// layer and the output head (the embedding contributes one row).
+    pub fn decode_bytes_per_token(&self) -> u64 {
+        let mut total = self.output.len as u64 + (self.token_embd.len / self.token_embd.rows) as u64;
+        for layer in &self.layers {
+            let mats: Vec<&Matrix> = match &layer.mixer {
+                Mixer::Attention(w) => vec![&w.q, &w.k, &w.v, &w.o],
+                Mixer::DeltaNet(w) => vec![&w.qkv, &w.z, &w.b, &w.a, &w.out],
+            };
+            total += mats.iter().map(|m| m.len as u64).sum::<u64>();
+            total += (layer.ffn_gate.len + layer.ffn_up.len + layer.ffn_down.len) as u64;
+        }
+        total
+    }
+
     /// Number of weights (parameters) in the file.
     pub fn n_params(&self) -> u64 {
         self.file.tensors.iter().map(|t| t.n_elements()).sum()

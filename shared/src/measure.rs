@@ -1,0 +1,163 @@
+//! Measurement modes: `--bench` (llama-bench-style rows plus the decode
+//! roofline) and `--perplexity` (llama.cpp's protocol).
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::kernels::ISA;
+use crate::model::{LogitsFor, Model, State};
+use crate::tokenizer::Tokenizer;
+
+/// Settings of one `--bench` run.
+pub struct BenchConfig {
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub repetitions: usize,
+    pub batch: usize,
+    pub threads: usize,
+}
+
+/// Mean and sample standard deviation.
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Deterministic token ids for benchmarking (not special tokens).
+fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (100 + x % (vocab as u64 - 100).max(1)) as u32 % vocab as u32
+        })
+        .collect()
+}
+
+/// Streams through a buffer far larger than the caches on every thread and
+/// returns the read bandwidth in bytes per second (best of three passes).
+pub fn memory_read_bandwidth() -> f64 {
+    const BYTES: usize = 512 << 20;
+    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let sum: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).reduce(|| 0, u64::wrapping_add);
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(sum);
+        best = best.max(BYTES as f64 / secs);
+    }
+    best
+}
+
+/// Prints llama-bench-style markdown rows for prompt processing and
+/// generation, then the decode roofline.
+pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
+    let c = &model.config;
+    let ctx = (cfg.prompt_tokens.max(cfg.gen_tokens + 1)).min(c.context_length);
+    let size_gib = model.file.file_len() as f64 / (1u64 << 30) as f64;
+    let params_b = model.n_params() as f64 / 1e9;
+    println!("| model | size | params | isa | threads | test | t/s |");
+    println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");
+    let row = |test: String, rates: &[f64]| {
+        let (m, s) = mean_std(rates);
+        println!("| {model_name} | {size_gib:.2} GiB | {params_b:.2} B | {ISA} | {} | {test} | {m:.2} ± {s:.2} |", cfg.threads);
+    };
+    if cfg.prompt_tokens > 0 {
+        let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), c.vocab_size);
+        let mut rates = Vec::new();
+        for _ in 0..cfg.repetitions {
+            let mut st = State::new(c, ctx)?;
+            let t = Instant::now();
+            for (i, chunk) in tokens.chunks(cfg.batch).enumerate() {
+                let last = (i + 1) * cfg.batch >= tokens.len();
+                model.forward(&mut st, chunk, if last { LogitsFor::Last } else { LogitsFor::None })?;
+            }
+            rates.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+        }
+        row(format!("pp{}", tokens.len()), &rates);
+    }
+    let mut tg_mean = 0.0;
+    if cfg.gen_tokens > 0 {
+        let n = cfg.gen_tokens.min(ctx - 1);
+        let mut rates = Vec::new();
+        for _ in 0..cfg.repetitions {
+            let mut st = State::new(c, ctx)?;
+            let mut token = bench_tokens(1, c.vocab_size)[0];
+            let t = Instant::now();
+            for _ in 0..n {
+                let logits = model.forward(&mut st, &[token], LogitsFor::Last)?;
+                token = crate::sampler::argmax(&logits);
+            }
+            rates.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        tg_mean = mean_std(&rates).0;
+        row(format!("tg{n}"), &rates);
+    }
+    let per_token = model.decode_bytes_per_token();
+    let bandwidth = memory_read_bandwidth();
+    let ceiling = bandwidth / per_token as f64;
+    println!();
+    println!(
+        "roofline: {:.1} MB of weights read per generated token; memory read bandwidth {:.1} GB/s ({} threads); ceiling {:.1} tokens/s{}",
+        per_token as f64 / 1e6,
+        bandwidth / 1e9,
+        cfg.threads,
+        ceiling,
+        if tg_mean > 0.0 { format!("; tg at {:.0}% of the ceiling", 100.0 * tg_mean / ceiling) } else { String::new() }
+    );
+    Ok(())
+}
+
+/// Perplexity as llama.cpp's `perplexity` tool computes it: non-overlapping
+/// chunks of `ctx` tokens, BOS replacing the first token of each chunk when
+/// the tokenizer adds one, only the second half of each chunk scored.
+pub fn perplexity(model: &Model, tokenizer: &Tokenizer, text: &str, ctx: usize, batch: usize) -> Result<f64, String> {
+    let c = &model.config;
+    let tokens = tokenizer.encode(text, true);
+    let bos = tokenizer.encode("", true).first().copied().filter(|&b| Some(b) == tokenizer.bos_id());
+    if tokens.len() < 2 * ctx {
+        return Err(format!("the text has {} tokens; --perplexity needs at least 2 × ctx = {}", tokens.len(), 2 * ctx));
+    }
+    let n_chunks = tokens.len() / ctx;
+    let first = ctx / 2;
+    eprintln!("perplexity: {} tokens, {n_chunks} chunks of {ctx}, scoring the last {} of each", tokens.len(), ctx - 1 - first);
+    let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
+    let mut st = State::new(c, ctx)?;
+    for i in 0..n_chunks {
+        let mut chunk = tokens[i * ctx..(i + 1) * ctx].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        st.reset();
+        let mut logits = Vec::with_capacity(ctx * c.vocab_size);
+        for part in chunk.chunks(batch) {
+            logits.extend(model.forward(&mut st, part, LogitsFor::All)?);
+        }
+        for j in first..ctx - 1 {
+            let row = &logits[j * c.vocab_size..(j + 1) * c.vocab_size];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let log_sum = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+            let v = log_sum - row[tokens[i * ctx + j + 1] as usize] as f64;
+            nll += v;
+            nll2 += v * v;
+            count += 1;
+        }
+        eprint!("[{}]{:.4},", i + 1, (nll / count as f64).exp());
+    }
+    eprintln!();
+    let mean = nll / count as f64;
+    let ppl = mean.exp();
+    let var = nll2 / count as f64 - mean * mean;
+    if var > 0.0 {
+        println!("Final estimate: PPL = {ppl:.4} +/- {:.5}", (var / (count as f64 - 1.0)).sqrt() * ppl);
+    } else {
+        println!("Final estimate: PPL = {ppl:.4}");
+    }
+    Ok(ppl)
+}

@@ -1,0 +1,652 @@
+//! The OpenAI request and response shapes: validation of request bodies
+//! (`serde_json::Value`, checked field by field so each error names the
+//! field), and the JSON of answers, stream chunks, usage and logprobs.
+
+use serde_json::{json, Map, Value};
+
+use super::engine::{Finish, GenParams, TokenLogprob};
+use super::template::{Message, Role};
+
+/// An error answer in OpenAI's shape.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub param: Option<String>,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+        let kind = match status {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            500 => "server_error",
+            503 => "overloaded_error",
+            _ => "invalid_request_error",
+        };
+        ApiError { status, kind, code, param: None, message: message.into() }
+    }
+
+    /// A 400 about one field.
+    pub fn field(code: &'static str, param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.to_string()), ..ApiError::new(400, code, message) }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+/// Sampling defaults where a request says nothing. Temperature and top_p
+/// follow OpenAI; top_k and min_p (extensions) follow llama.cpp's server.
+const DEFAULT_TEMPERATURE: f64 = 1.0;
+const DEFAULT_TOP_K: i64 = 40;
+const DEFAULT_MIN_P: f64 = 0.05;
+/// OpenAI's default `max_tokens` for /v1/completions.
+const DEFAULT_COMPLETION_TOKENS: usize = 16;
+const MAX_STOPS: usize = 16;
+const MAX_TOP_LOGPROBS: i64 = 20;
+
+#[derive(Debug)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Messages(Vec<Message>),
+}
+
+/// A validated request for either endpoint.
+#[derive(Debug)]
+pub struct GenRequest {
+    pub chat: bool,
+    pub prompt: Prompt,
+    /// `max_tokens` when given; None: the endpoint's default.
+    pub max_tokens: Option<usize>,
+    pub params: GenParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl GenRequest {
+    /// The output-token limit when `prompt_len` tokens leave `room` in the context.
+    pub fn token_limit(&self, room: usize) -> usize {
+        match self.max_tokens {
+            Some(n) => n.min(room),
+            None if self.chat => room,
+            None => DEFAULT_COMPLETION_TOKENS.min(room),
+        }
+    }
+}
+
+/// Parses a body as a JSON object.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::new(400, "invalid_json", "the request body is empty; send a JSON object"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(ApiError::new(
+            400,
+            "invalid_json",
+            format!("the request body must be a JSON object, not {}", type_name(&other)),
+        )),
+        Err(e) => Err(ApiError::new(400, "invalid_json", format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(key: &str, want: &str, got: &Value) -> ApiError {
+    ApiError::field("invalid_type", key, format!("'{key}' must be {want}, not {}", type_name(got)))
+}
+
+fn out_of_range(key: &str, range: &str) -> ApiError {
+    ApiError::field("invalid_value", key, format!("'{key}' must be {range}"))
+}
+
+fn unsupported(key: &str, what: &str) -> ApiError {
+    ApiError::field("unsupported_value", key, format!("'{key}': {what} is not supported by this server"))
+}
+
+/// Typed, range-checked access to the fields of a request object.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn number(&self, key: &str, lo: f64, hi: f64, range: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                if x >= lo && x <= hi {
+                    Ok(Some(x))
+                } else {
+                    Err(out_of_range(key, range))
+                }
+            }
+            Some(v) => Err(wrong_type(key, "a number", v)),
+        }
+    }
+
+    fn int(&self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(x) if x >= lo && x <= hi => Ok(Some(x)),
+                Some(_) => Err(out_of_range(key, &format!("an integer from {lo} to {hi}"))),
+                None if n.is_u64() => Err(out_of_range(key, &format!("an integer from {lo} to {hi}"))),
+                None => Err(wrong_type(key, "an integer", &Value::Number(n.clone()))),
+            },
+            Some(v) => Err(wrong_type(key, "an integer", v)),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(wrong_type(key, "a boolean", v)),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&str>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(wrong_type(key, "a string", v)),
+        }
+    }
+}
+
+/// Fields both endpoints accept.
+const COMMON_FIELDS: [&str; 15] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+];
+const CHAT_FIELDS: [&str; 6] =
+    ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "store"];
+const COMPLETION_FIELDS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
+
+/// Validates a /v1/chat/completions (`chat`) or /v1/completions body.
+/// `seed` is used when the request gives none.
+pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<GenRequest, ApiError> {
+    let own: &[&str] = if chat { &CHAT_FIELDS } else { &COMPLETION_FIELDS };
+    let mut unknown: Vec<&str> =
+        obj.keys().map(|k| k.as_str()).filter(|k| !COMMON_FIELDS.contains(k) && !own.contains(k)).collect();
+    if !unknown.is_empty() {
+        unknown.sort();
+        let names = unknown.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ");
+        return Err(ApiError::field(
+            "unsupported_parameter",
+            unknown[0],
+            format!("unsupported field{} {names}", if unknown.len() > 1 { "s" } else { "" }),
+        ));
+    }
+    let f = Fields(obj);
+    f.string("model")?;
+    f.string("user")?;
+    if f.int("n", 1, i64::MAX).map_err(|_| unsupported("n", "n other than 1"))?.is_some_and(|n| n != 1) {
+        return Err(unsupported("n", "n other than 1"));
+    }
+    for key in ["frequency_penalty", "presence_penalty"] {
+        if f.number(key, -2.0, 2.0, "a number from -2 to 2")?.is_some_and(|x| x != 0.0) {
+            return Err(unsupported(key, "a non-zero value"));
+        }
+    }
+    match f.get("logit_bias") {
+        None => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(Value::Object(_)) => return Err(unsupported("logit_bias", "a non-empty logit_bias")),
+        Some(v) => return Err(wrong_type("logit_bias", "an object", v)),
+    }
+
+    let mut max_tokens = f.int("max_tokens", 1, i64::MAX)?;
+    let temperature = f.number("temperature", 0.0, 2.0, "a number from 0 to 2")?.unwrap_or(DEFAULT_TEMPERATURE);
+    let top_p = f.number("top_p", 0.0, 1.0, "a number from 0 to 1")?.unwrap_or(1.0);
+    let top_k = f.int("top_k", 0, i64::MAX)?.unwrap_or(DEFAULT_TOP_K);
+    let min_p = f.number("min_p", 0.0, 1.0, "a number from 0 to 1")?.unwrap_or(DEFAULT_MIN_P);
+    let seed = match f.get("seed") {
+        None => seed,
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i as u64,
+            (None, Some(u)) => u,
+            _ => return Err(wrong_type("seed", "an integer", &Value::Number(n.clone()))),
+        },
+        Some(v) => return Err(wrong_type("seed", "an integer", v)),
+    };
+    let stop = parse_stop(f.get("stop"))?;
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(m)) => {
+            if !stream {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true",
+                ));
+            }
+            if let Some(k) = m.keys().find(|k| k.as_str() != "include_usage") {
+                return Err(ApiError::field(
+                    "unsupported_parameter",
+                    "stream_options",
+                    format!("unsupported field 'stream_options.{k}'"),
+                ));
+            }
+            Fields(m)
+                .boolean("include_usage")
+                .map_err(|mut e| {
+                    e.param = Some("stream_options".into());
+                    e.message = e.message.replace("'include_usage'", "'stream_options.include_usage'");
+                    e
+                })?
+                .unwrap_or(false)
+        }
+        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+    };
+
+    let (prompt, logprobs) = if chat {
+        let mtc = f.int("max_completion_tokens", 1, i64::MAX)?;
+        if mtc.is_some() {
+            max_tokens = mtc;
+        }
+        match f.get("response_format") {
+            None => {}
+            Some(Value::Object(m)) if m.get("type").and_then(|t| t.as_str()) == Some("text") && m.len() == 1 => {}
+            Some(Value::Object(_)) => {
+                return Err(unsupported("response_format", "a response_format other than {\"type\": \"text\"}"))
+            }
+            Some(v) => return Err(wrong_type("response_format", "an object", v)),
+        }
+        f.boolean("store")?;
+        let want = f.boolean("logprobs")?.unwrap_or(false);
+        let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+        if top.is_some() && !want {
+            return Err(ApiError::field("invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+        }
+        let messages = match obj.get("messages") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::field("missing_parameter", "messages", "'messages' is required"))
+            }
+            Some(v) => parse_messages(v)?,
+        };
+        (Prompt::Messages(messages), want.then(|| top.unwrap_or(0) as usize))
+    } else {
+        if f.boolean("echo")?.unwrap_or(false) {
+            return Err(unsupported("echo", "echo"));
+        }
+        if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+            return Err(unsupported("suffix", "suffix (insertion)"));
+        }
+        if f.int("best_of", 1, i64::MAX)
+            .map_err(|_| unsupported("best_of", "best_of other than 1"))?
+            .is_some_and(|n| n != 1)
+        {
+            return Err(unsupported("best_of", "best_of other than 1"));
+        }
+        let logprobs = f.int("logprobs", 0, MAX_TOP_LOGPROBS)?.map(|k| k as usize);
+        let prompt = match obj.get("prompt") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::field("missing_parameter", "prompt", "'prompt' is required"))
+            }
+            Some(v) => parse_prompt(v)?,
+        };
+        (prompt, logprobs)
+    };
+    let params = GenParams {
+        max_tokens: 0,
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        top_k: usize::try_from(top_k).unwrap_or(usize::MAX),
+        min_p: min_p as f32,
+        seed,
+        stop,
+        logprobs,
+    };
+    Ok(GenRequest {
+        chat,
+        prompt,
+        max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        params,
+        stream,
+        include_usage,
+    })
+}
+
+fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let list: Vec<String> = match v {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str().map(str::to_string).ok_or_else(|| wrong_type("stop", "a string or an array of strings", x))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(wrong_type("stop", "a string or an array of strings", other)),
+    };
+    if list.len() > MAX_STOPS {
+        return Err(out_of_range("stop", &format!("at most {MAX_STOPS} strings")));
+    }
+    if list.iter().any(|s| s.is_empty()) {
+        return Err(out_of_range("stop", "made of non-empty strings"));
+    }
+    Ok(list)
+}
+
+fn parse_prompt(v: &Value) -> Result<Prompt, ApiError> {
+    let many = || unsupported("prompt", "more than one prompt per request");
+    match v {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            Ok(Prompt::Text(a[0].as_str().unwrap_or("").to_string()))
+        }
+        Value::Array(a) if !a.is_empty() && a.iter().all(|x| x.is_number()) => a
+            .iter()
+            .map(|x| {
+                x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+                    ApiError::field("invalid_value", "prompt", "token ids in 'prompt' must be non-negative integers")
+                })
+            })
+            .collect::<Result<Vec<u32>, _>>()
+            .map(Prompt::Ids),
+        Value::Array(a) if a.len() == 1 && a[0].is_array() => parse_prompt(&a[0]),
+        Value::Array(a) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => Err(many()),
+        Value::Array(_) => Err(wrong_type(
+            "prompt",
+            "a string, an array of one string or an array of token ids",
+            &Value::Array(Vec::new()),
+        )),
+        other => Err(wrong_type("prompt", "a string or an array of token ids", other)),
+    }
+}
+
+fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
+    let arr = match v {
+        Value::Array(a) => a,
+        other => return Err(wrong_type("messages", "an array", other)),
+    };
+    if arr.is_empty() {
+        return Err(ApiError::field("invalid_value", "messages", "'messages' must hold at least one message"));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let obj = match m {
+            Value::Object(o) => o,
+            other => return Err(wrong_type(&p, "an object", other)),
+        };
+        if let Some(k) = obj.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+            return Err(ApiError::field("unsupported_parameter", &p, format!("unsupported field '{p}.{k}'")));
+        }
+        let role = match obj.get("role") {
+            Some(Value::String(r)) => match r.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(ApiError::field(
+                        "invalid_value",
+                        &format!("{p}.role"),
+                        format!("'{p}.role' is '{other}'; this server takes system, developer, user and assistant"),
+                    ))
+                }
+            },
+            None => {
+                return Err(ApiError::field(
+                    "missing_parameter",
+                    &format!("{p}.role"),
+                    format!("'{p}.role' is required"),
+                ))
+            }
+            Some(other) => return Err(wrong_type(&format!("{p}.role"), "a string", other)),
+        };
+        let cp = format!("{p}.content");
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None if role == Role::Assistant => String::new(),
+            None => return Err(ApiError::field("missing_parameter", &cp, format!("'{cp}' is required"))),
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for (j, part) in parts.iter().enumerate() {
+                    let pp = format!("{cp}[{j}]");
+                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => s.push_str(t),
+                        (Some("text"), _) => {
+                            return Err(wrong_type(
+                                &format!("{pp}.text"),
+                                "a string",
+                                part.get("text").unwrap_or(&Value::Null),
+                            ))
+                        }
+                        (Some(t), _) => return Err(unsupported(&pp, &format!("content of type '{t}'"))),
+                        (None, _) => {
+                            return Err(ApiError::field(
+                                "invalid_value",
+                                &pp,
+                                format!("'{pp}' must be an object with \"type\": \"text\""),
+                            ))
+                        }
+                    }
+                }
+                s
+            }
+            Some(other) => return Err(wrong_type(&cp, "a string or an array of text parts", other)),
+        };
+        if let Some(n) = obj.get("name").filter(|n| !n.is_null() && !n.is_string()) {
+            return Err(wrong_type(&format!("{p}.name"), "a string", n));
+        }
+        out.push(Message { role, content });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- answers
+
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `choices[].logprobs` of a chat answer or chunk.
+pub fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
+    let entry = |b: &[u8], lp: f64| json!({"token": text_of(b), "logprob": lp, "bytes": b});
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.bytes, t.logprob);
+            e["top_logprobs"] = Value::Array(t.top.iter().map(|(b, lp)| entry(b, *lp)).collect());
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// `choices[].logprobs` of a completion answer or chunk; `offset` is the
+/// length in characters of the text before the first of these tokens.
+pub fn completion_logprobs(lps: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut logprobs = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for t in lps {
+        let s = text_of(&t.bytes);
+        offsets.push(offset);
+        offset += s.chars().count();
+        tokens.push(s);
+        logprobs.push(t.logprob);
+        let mut m = Map::new();
+        for (b, lp) in &t.top {
+            m.entry(text_of(b)).or_insert(json!(lp));
+        }
+        tops.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// Identity shared by the answer and the chunks of one request.
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub fingerprint: String,
+}
+
+impl Meta {
+    fn base(&self, object: &str) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("id".into(), json!(self.id));
+        m.insert("object".into(), json!(object));
+        m.insert("created".into(), json!(self.created));
+        m.insert("model".into(), json!(self.model));
+        m.insert("system_fingerprint".into(), json!(self.fingerprint));
+        m
+    }
+
+    /// The whole (not streamed) answer.
+    pub fn answer(&self, chat: bool, text: &str, finish: Finish, usage: Value, logprobs: Option<Value>) -> Value {
+        let lp = logprobs.unwrap_or(Value::Null);
+        let choice = if chat {
+            json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                   "logprobs": lp, "finish_reason": finish.as_str()})
+        } else {
+            json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str()})
+        };
+        let mut m = self.base(if chat { "chat.completion" } else { "text_completion" });
+        m.insert("choices".into(), json!([choice]));
+        m.insert("usage".into(), usage);
+        Value::Object(m)
+    }
+
+    /// One stream chunk. Chat: `role` marks the first chunk, `finish` the last.
+    pub fn chunk(
+        &self,
+        chat: bool,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<Finish>,
+        logprobs: Option<Value>,
+        with_usage_field: bool,
+    ) -> Value {
+        let lp = logprobs.unwrap_or(Value::Null);
+        let fr = finish.map_or(Value::Null, |f| json!(f.as_str()));
+        let choice = if chat {
+            let mut delta = Map::new();
+            if first {
+                delta.insert("role".into(), json!("assistant"));
+            }
+            if let Some(t) = text {
+                delta.insert("content".into(), json!(t));
+            }
+            json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr})
+        } else {
+            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": fr})
+        };
+        let mut m = self.base(if chat { "chat.completion.chunk" } else { "text_completion" });
+        m.insert("choices".into(), json!([choice]));
+        if with_usage_field {
+            m.insert("usage".into(), Value::Null);
+        }
+        Value::Object(m)
+    }
+
+    /// The extra last chunk of `stream_options.include_usage`: no choices, the usage.
+    pub fn usage_chunk(&self, chat: bool, usage: Value) -> Value {
+        let mut m = self.base(if chat { "chat.completion.chunk" } else { "text_completion" });
+        m.insert("choices".into(), json!([]));
+        m.insert("usage".into(), usage);
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str, chat: bool) -> Result<GenRequest, ApiError> {
+        parse_request(&parse_object(body.as_bytes())?, chat, 7)
+    }
+
+    #[test]
+    fn good_requests() {
+        let r =
+            parse(r#"{"model":"m","prompt":"Hi","max_tokens":5,"stop":"\n","seed":3,"temperature":0}"#, false).unwrap();
+        assert!(matches!(r.prompt, Prompt::Text(ref s) if s == "Hi"));
+        assert_eq!((r.max_tokens, r.params.seed, r.params.stop.clone()), (Some(5), 3, vec!["\n".to_string()]));
+        assert_eq!(r.token_limit(3), 3);
+        let r = parse(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2}"#, true).unwrap();
+        assert!(r.stream && r.include_usage && r.params.seed == 7 && r.params.logprobs == Some(2));
+        assert!(matches!(r.prompt, Prompt::Messages(ref m) if m[0].content == "ab"));
+        assert_eq!(r.token_limit(100), 100);
+        let r = parse(r#"{"prompt":[1,2,3],"n":1,"presence_penalty":0,"logit_bias":{}}"#, false).unwrap();
+        assert!(matches!(r.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));
+        assert_eq!(r.token_limit(100), 16);
+    }
+
+    #[test]
+    fn bad_requests_name_the_problem() {
+        let code = |b: &str, chat| parse(b, chat).unwrap_err().code;
+        assert_eq!(code("{", false), "invalid_json");
+        assert_eq!(code("[1]", false), "invalid_json");
+        assert_eq!(code("", false), "invalid_json");
+        assert_eq!(code(r#"{"prompt":"x","max_tokens":"5"}"#, false), "invalid_type");
+        assert_eq!(code(r#"{"prompt":"x","max_tokens":0}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","max_tokens":2.5}"#, false), "invalid_type");
+        assert_eq!(code(r#"{"prompt":"x","temperature":3}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","n":2}"#, false), "unsupported_value");
+        assert_eq!(code(r#"{"prompt":"x","tools":[]}"#, false), "unsupported_parameter");
+        assert_eq!(code(r#"{"prompt":["a","b"]}"#, false), "unsupported_value");
+        assert_eq!(code(r#"{"prompt":5}"#, false), "invalid_type");
+        assert_eq!(code(r#"{}"#, false), "missing_parameter");
+        assert_eq!(code(r#"{"prompt":"x","stop":[1]}"#, false), "invalid_type");
+        assert_eq!(code(r#"{"prompt":"x","stop":""}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","stream_options":{"include_usage":true}}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"messages":"hi"}"#, true), "invalid_type");
+        assert_eq!(code(r#"{"messages":[]}"#, true), "invalid_value");
+        assert_eq!(code(r#"{"messages":[{"role":"tool","content":"x"}]}"#, true), "invalid_value");
+        assert_eq!(code(r#"{"messages":[{"role":"user"}]}"#, true), "missing_parameter");
+        assert_eq!(
+            code(r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#, true),
+            "unsupported_value"
+        );
+        assert_eq!(code(r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, true), "invalid_value");
+        let e = parse(r#"{"prompt":"x","max_tokens":"5"}"#, false).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("max_tokens") && e.message.contains("string"), "{}", e.message);
+        assert_eq!(e.to_json()["error"]["type"], "invalid_request_error");
+    }
+}

@@ -1,0 +1,399 @@
+//! `ml_server` (`ml_run --server`): an OpenAI-compatible HTTP API over one
+//! loaded model, with a small chat page at `/`.
+//!
+//! Crates, and why: `serde_json` (the de-facto standard JSON crate) parses
+//! and writes every body. HTTP requests are parsed by `httparse`, the
+//! zero-copy, fuzzed request-head parser underneath hyper, and served on
+//! `std::net` with one thread per connection. We chose it over `tiny_http`,
+//! which owns its sockets: it offers no read/write timeouts (a slow client
+//! could hold a request forever), and its writer cannot see a client hang up
+//! until a write fails, whereas we must notice a disconnect within one token
+//! (we peek the socket between tokens). A full async stack (hyper + tokio)
+//! would add ~40 crates and minutes of build time on two cores for a server
+//! that runs one generation at a time. What we write ourselves is only
+//! framing: Content-Length bodies (chunked request bodies get 411), and
+//! chunked transfer encoding for streamed answers.
+//!
+//! Modules: `http` (socket I/O, limits, timeouts), `api` (OpenAI request
+//! validation and answer shapes), `engine` (the single generation worker:
+//! model, KV cache reuse, sampling, stop strings), `serve` (one generation
+//! request from queue to answer), `template` (multi-turn chat formats).
+
+mod api;
+mod engine;
+mod http;
+mod serve;
+mod template;
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::json;
+
+use crate::cli::EXIT_BAD_INPUT;
+use crate::kernels::ISA;
+use crate::model::{Model, State};
+use crate::tokenizer::Tokenizer;
+use api::ApiError;
+use engine::{Engine, Queue};
+use http::{Limits, ReadError, Request, Response};
+
+/// The chat page, compiled in.
+const CHAT_HTML: &str = include_str!("chat.html");
+
+#[derive(Parser, Debug)]
+#[command(name = "ml_server", version, about = "Krafla: an OpenAI-compatible HTTP server for one model (.mlb)")]
+pub struct ServerArgs {
+    /// Model file (.mlb).
+    pub model: PathBuf,
+    /// Tokenizer file (.mlt).
+    #[arg(short = 'z', long = "tokenizer")]
+    pub tokenizer: PathBuf,
+    /// Chat template for /v1/chat/completions: chatml, qwen3, llama2, llama3, mistral, gemma, zephyr,
+    /// or auto (default: the kind recorded in the .mlt).
+    #[arg(long)]
+    pub chat: Option<String>,
+    /// System prompt used when a chat request has no system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context length (default: 4096 or the model's maximum if smaller).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require "Authorization: Bearer KEY" on every endpoint but /health and the chat page
+    /// (default: the KRAFLA_API_KEY environment variable, if set).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Model id reported by the API (default: the model's file name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Allow browser pages from this origin (e.g. http://localhost:3000, or *) to call the API.
+    #[arg(long)]
+    pub cors_origin: Option<String>,
+    /// Requests that may wait while one generates; more get 503.
+    #[arg(long, default_value_t = 8)]
+    pub max_queue: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
+    /// Seconds a client has to send its whole request (also the timeout of each write).
+    #[arg(long, default_value_t = 30)]
+    pub read_timeout: u64,
+}
+
+/// What every connection thread shares.
+pub(crate) struct Server {
+    pub queue: Queue,
+    pub tokenizer: Arc<Tokenizer>,
+    pub vocab_size: usize,
+    pub ctx: usize,
+    pub chat_kind: Option<String>,
+    pub system: Option<String>,
+    pub model_id: String,
+    pub created: u64,
+    pub fingerprint: String,
+    api_key: Option<String>,
+    cors_origin: Option<String>,
+    limits: Limits,
+    connections: AtomicUsize,
+    max_connections: usize,
+}
+
+/// Entry point of `ml_run --server ...`; returns the process exit code.
+pub fn main() -> i32 {
+    // argv: [exe, "--server", rest...]
+    let argv = std::env::args_os().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
+    let args = match ServerArgs::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
+        }
+    };
+    match run(args) {
+        Ok(()) => 0,
+        Err(msg) => {
+            eprintln!("krafla: {msg}");
+            EXIT_BAD_INPUT
+        }
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn run(args: ServerArgs) -> Result<(), String> {
+    if args.read_timeout == 0 {
+        return Err("--read-timeout must be at least 1 second".into());
+    }
+    let tokenizer = Tokenizer::load(&args.tokenizer)?;
+    let chat_kind = match args.chat.as_deref() {
+        Some("auto") if tokenizer.chat_template().is_empty() => {
+            return Err("--chat auto: the tokenizer file names no chat template; pass one".into())
+        }
+        Some("auto") | None if !tokenizer.chat_template().is_empty() => Some(tokenizer.chat_template().to_string()),
+        Some("auto") | None => None,
+        Some(k) => Some(k.to_string()),
+    };
+    if let Some(k) = &chat_kind {
+        crate::chat::format(k, None, "")?; // unknown kinds fail here, with the list of known ones
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        return Err("-t must be at least 1".into());
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+    let model = Model::load(&args.model)?;
+    let cfg = model.config.clone();
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(format!(
+            "tokenizer has {} tokens but the model only {}: they do not belong together",
+            tokenizer.vocab_size(),
+            cfg.vocab_size
+        ));
+    }
+    let ctx = match args.ctx {
+        Some(0) => return Err("--ctx must be at least 1".into()),
+        Some(n) if n > cfg.context_length => {
+            return Err(format!("--ctx {n} exceeds the model's maximum context {}", cfg.context_length))
+        }
+        Some(n) => n,
+        None => cfg.context_length.min(4096),
+    };
+    let state = State::new(&cfg, ctx)?;
+    let state_mib = state.bytes() as f64 / 1048576.0;
+    let weights_mib = model.file.file_len() as f64 / 1048576.0;
+    let tokenizer = Arc::new(tokenizer);
+    let queue = Engine::new(model, state, tokenizer.clone()).spawn(args.max_queue)?;
+
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+    let addr = listener.local_addr().map_err(|e| format!("cannot read the listening address: {e}"))?;
+    let api_key = args.api_key.clone().or_else(|| std::env::var("KRAFLA_API_KEY").ok()).filter(|k| !k.is_empty());
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        args.model.file_name().map_or_else(|| args.model.display().to_string(), |n| n.to_string_lossy().into_owned())
+    });
+    let server = Arc::new(Server {
+        queue,
+        tokenizer,
+        vocab_size: cfg.vocab_size,
+        ctx,
+        chat_kind,
+        system: args.system.clone(),
+        model_id,
+        created: unix_now(),
+        fingerprint: format!("krafla-{}-{ISA}", env!("CARGO_PKG_VERSION")),
+        api_key,
+        cors_origin: args.cors_origin.clone(),
+        limits: Limits { max_body: args.max_body, timeout: Duration::from_secs(args.read_timeout) },
+        connections: AtomicUsize::new(0),
+        max_connections: args.max_queue + 64,
+    });
+    eprintln!(
+        "krafla: isa {ISA}, {threads} threads, model {} ({}), ctx {ctx}, memory: {weights_mib:.1} MiB weights (mapped) + {state_mib:.1} MiB KV cache",
+        args.model.display(),
+        cfg.arch,
+    );
+    if !addr.ip().is_loopback() && server.api_key.is_none() {
+        eprintln!("krafla: warning: listening on {} without --api-key: anyone who can reach it can use it", addr.ip());
+    }
+    eprintln!(
+        "krafla: model id '{}', chat template {}, listening on http://{addr}/v1 (chat page: http://{addr}/)",
+        server.model_id,
+        server.chat_kind.as_deref().unwrap_or("none")
+    );
+    for conn in listener.incoming() {
+        let Ok(stream) = conn else { continue };
+        let srv = server.clone();
+        srv.connections.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new().name("krafla-conn".into()).spawn(move || {
+            handle_connection(&srv, stream);
+            srv.connections.fetch_sub(1, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            server.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    Ok(())
+}
+
+impl Server {
+    /// Headers on every answer: CORS when allowed.
+    fn common_headers(&self) -> Vec<(String, String)> {
+        match &self.cors_origin {
+            Some(o) => vec![("Access-Control-Allow-Origin".into(), o.clone()), ("Vary".into(), "Origin".into())],
+            None => Vec::new(),
+        }
+    }
+
+    pub(crate) fn send(&self, stream: &mut TcpStream, resp: &Response) {
+        let _ = http::write_response(stream, resp, &self.common_headers());
+    }
+
+    pub(crate) fn send_error(&self, stream: &mut TcpStream, e: &ApiError) {
+        let mut resp = Response::json(e.status, &e.to_json());
+        if e.status == 401 {
+            resp.headers.push(("WWW-Authenticate".into(), "Bearer".into()));
+        }
+        if e.status == 503 {
+            resp.headers.push(("Retry-After".into(), "1".into()));
+        }
+        self.send(stream, &resp);
+    }
+
+    fn authorized(&self, req: &Request) -> bool {
+        let Some(key) = &self.api_key else { return true };
+        let given = req.header("authorization").and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+        given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
+    }
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+        diff |= std::hint::black_box(x as u64);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+fn handle_connection(srv: &Server, mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(srv.limits.timeout));
+    if srv.connections.load(Ordering::SeqCst) > srv.max_connections {
+        srv.send_error(
+            &mut stream,
+            &ApiError::new(503, "too_many_connections", "too many open connections; retry later"),
+        );
+        http::drain_and_close(stream);
+        return;
+    }
+    let req = match http::read_request(&mut stream, &srv.limits) {
+        Ok(r) => r,
+        Err(ReadError::Gone) => return,
+        Err(ReadError::Reply(status, code, msg)) => {
+            srv.send_error(&mut stream, &ApiError::new(status, code, msg));
+            http::drain_and_close(stream);
+            return;
+        }
+    };
+    route(srv, &mut stream, &req);
+}
+
+fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
+    let path = req.path.trim_end_matches('/');
+    let method = req.method.as_str();
+    // Browser preflight: answered only when --cors-origin allows it.
+    if method == "OPTIONS" {
+        if srv.cors_origin.is_some() {
+            let mut resp = Response { status: 204, content_type: "", headers: Vec::new(), body: Vec::new() };
+            resp.headers.push(("Access-Control-Allow-Methods".into(), "GET, POST, OPTIONS".into()));
+            resp.headers.push(("Access-Control-Allow-Headers".into(), "Authorization, Content-Type".into()));
+            resp.headers.push(("Access-Control-Max-Age".into(), "600".into()));
+            srv.send(stream, &resp);
+        } else {
+            srv.send_error(
+                stream,
+                &ApiError::new(405, "method_not_allowed", "OPTIONS is not allowed (no --cors-origin)"),
+            );
+        }
+        return;
+    }
+    // Unauthenticated: liveness, and the static chat page (it holds no data; its API calls carry the key).
+    match (method, path) {
+        ("GET", "/health") => {
+            let body = json!({
+                "status": "ok",
+                "busy": srv.queue.busy.load(Ordering::SeqCst),
+                "queued": srv.queue.waiting.load(Ordering::SeqCst),
+            });
+            return srv.send(stream, &Response::json(200, &body));
+        }
+        ("GET", "" | "/index.html") => {
+            let resp = Response {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                headers: vec![
+                    (
+                        "Content-Security-Policy".into(),
+                        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; \
+                         img-src data:; frame-ancestors 'none'"
+                            .into(),
+                    ),
+                    ("X-Content-Type-Options".into(), "nosniff".into()),
+                    ("Referrer-Policy".into(), "no-referrer".into()),
+                ],
+                body: CHAT_HTML.as_bytes().to_vec(),
+            };
+            return srv.send(stream, &resp);
+        }
+        _ => {}
+    }
+    if !srv.authorized(req) {
+        return srv.send_error(
+            stream,
+            &ApiError::new(
+                401,
+                "invalid_api_key",
+                "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+            ),
+        );
+    }
+    let model = || json!({"id": srv.model_id, "object": "model", "created": srv.created, "owned_by": "krafla"});
+    match (method, path) {
+        ("GET", "/v1/models") => srv.send(stream, &Response::json(200, &json!({"object": "list", "data": [model()]}))),
+        ("GET", p) if p.strip_prefix("/v1/models/").is_some_and(|id| id == srv.model_id) => {
+            srv.send(stream, &Response::json(200, &model()))
+        }
+        ("GET", p) if p.starts_with("/v1/models/") => srv.send_error(
+            stream,
+            &ApiError::new(
+                404,
+                "model_not_found",
+                format!("no model '{}' here; this server has '{}'", &p[11..], srv.model_id),
+            ),
+        ),
+        ("POST", "/v1/chat/completions") => serve::generate(srv, stream, req, true),
+        ("POST", "/v1/completions") => serve::generate(srv, stream, req, false),
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health") => srv.send_error(
+            stream,
+            &ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)),
+        ),
+        _ => {
+            srv.send_error(stream, &ApiError::new(404, "not_found", format!("no such endpoint: {method} {}", req.path)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn constant_time_eq_is_equality() {
+        use super::constant_time_eq as eq;
+        assert!(eq(b"secret", b"secret"));
+        assert!(!eq(b"secret", b"secreT"));
+        assert!(!eq(b"secret", b"secret2"));
+        assert!(!eq(b"", b"x"));
+        assert!(eq(b"", b""));
+    }
+}

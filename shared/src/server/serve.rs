@@ -1,0 +1,235 @@
+//! One generation request, from body to answer: validate, format and
+//! tokenize, check the context, queue the job, then relay the worker's
+//! events as one JSON answer or as server-sent events, watching the socket
+//! so that a client who hangs up cancels its job.
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::api::{self, ApiError, GenRequest, Meta, Prompt};
+use super::engine::{Event, Finish, Job, TokenLogprob};
+use super::http::{self, Request, Response, StreamWriter};
+use super::template::format_conversation;
+use super::{unix_now, Server};
+
+/// How often a waiting connection checks whether its client is still there.
+const POLL: Duration = Duration::from_millis(20);
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh number per request (ids and default seeds).
+fn unique() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // splitmix64 of both, so consecutive ids look unrelated
+    let mut z = nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
+    match prepare(srv, req, chat) {
+        Ok((greq, ids)) => run(srv, stream, req, greq, ids),
+        Err(e) => srv.send_error(stream, &e),
+    }
+}
+
+/// Validates the body and turns it into prompt ids with the output limit set.
+fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u32>), ApiError> {
+    let obj = api::parse_object(&req.body)?;
+    let mut greq = api::parse_request(&obj, chat, unique())?;
+    let ids = match &greq.prompt {
+        Prompt::Messages(m) => {
+            let kind = srv.chat_kind.as_deref().ok_or_else(|| {
+                ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
+            })?;
+            let text = format_conversation(kind, srv.system.as_deref(), m)
+                .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
+            srv.tokenizer.encode(&text, true)
+        }
+        Prompt::Text(t) => srv.tokenizer.encode(t, true),
+        Prompt::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= srv.vocab_size) {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    "prompt",
+                    format!("'prompt' holds token id {bad}, outside the vocabulary (size {})", srv.vocab_size),
+                ));
+            }
+            ids.clone()
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::field("invalid_value", "prompt", "the prompt is empty (no tokens)"));
+    }
+    if ids.len() > srv.ctx {
+        return Err(ApiError {
+            param: Some(if chat { "messages" } else { "prompt" }.into()),
+            ..ApiError::new(
+                400,
+                "context_length_exceeded",
+                format!("the prompt has {} tokens, more than the context of {} tokens", ids.len(), srv.ctx),
+            )
+        });
+    }
+    // g tokens need the prompt and g - 1 of them in the cache.
+    greq.params.max_tokens = greq.token_limit(srv.ctx - ids.len() + 1);
+    Ok((greq, ids))
+}
+
+fn sse(v: &Value) -> Vec<u8> {
+    format!("data: {v}\n\n").into_bytes()
+}
+
+fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, ids: Vec<u32>) {
+    let chat = greq.chat;
+    let (tx, rx) = channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let job = Job { prompt: ids, params: greq.params.clone(), events: tx, cancel: cancel.clone() };
+    if !srv.queue.submit(job) {
+        let n = srv.queue.waiting.load(Ordering::SeqCst);
+        return srv.send_error(
+            stream,
+            &ApiError::new(
+                503,
+                "queue_full",
+                format!("the server is busy: one request is generating and {n} are waiting (--max-queue); retry later"),
+            ),
+        );
+    }
+    let meta = Meta {
+        id: format!("{}-{:016x}", if chat { "chatcmpl" } else { "cmpl" }, unique()),
+        created: unix_now(),
+        model: srv.model_id.clone(),
+        fingerprint: srv.fingerprint.clone(),
+    };
+    // Set when the client went away: the worker stops before its next token.
+    let hang_up = || cancel.store(true, Ordering::SeqCst);
+
+    let common = srv.common_headers();
+    let mut writer = if greq.stream {
+        match StreamWriter::start(stream, "text/event-stream", &common, req.http10) {
+            Ok(w) => Some(w),
+            Err(_) => return hang_up(),
+        }
+    } else {
+        None
+    };
+    let want_logprobs = greq.params.logprobs.is_some();
+    let mut text = String::new();
+    let mut logprobs: Vec<TokenLogprob> = Vec::new();
+    let mut offset = 0usize; // characters of the token strings so far (completions' text_offset)
+    let mut first = true;
+    loop {
+        let ev = match rx.recv_timeout(POLL) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => {
+                if http::peer_closed(stream) {
+                    return hang_up();
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                // The worker dropped the job without a last word (cancelled, or a bug).
+                let e = ApiError::new(500, "server_error", "the generation ended unexpectedly");
+                match writer {
+                    Some(mut w) => {
+                        let _ = w.send(&sse(&e.to_json()));
+                        let _ = w.end();
+                    }
+                    None => srv.send_error(stream, &e),
+                }
+                return;
+            }
+        };
+        match ev {
+            Event::Started => {
+                if let (Some(w), true) = (writer.as_mut(), chat) {
+                    // OpenAI's first chat chunk: the role and empty content.
+                    if w.send(&sse(&meta.chunk(true, Some(""), true, None, None, greq.include_usage))).is_err() {
+                        return hang_up();
+                    }
+                    first = false;
+                }
+            }
+            Event::Delta { text: delta, logprobs: lp } => {
+                let lp_json = lp.as_ref().map(|t| {
+                    let v = if chat {
+                        api::chat_logprobs(std::slice::from_ref(t))
+                    } else {
+                        api::completion_logprobs(std::slice::from_ref(t), offset)
+                    };
+                    offset += String::from_utf8_lossy(&t.bytes).chars().count();
+                    v
+                });
+                match writer.as_mut() {
+                    Some(w) => {
+                        if delta.is_empty() && lp_json.is_none() {
+                            continue;
+                        }
+                        let chunk = meta.chunk(chat, Some(&delta), first, None, lp_json, greq.include_usage);
+                        first = false;
+                        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
+                            return hang_up();
+                        }
+                    }
+                    None => {
+                        text.push_str(&delta);
+                        logprobs.extend(lp);
+                        if http::peer_closed(stream) {
+                            return hang_up();
+                        }
+                    }
+                }
+            }
+            Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
+                let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                match writer {
+                    Some(mut w) => {
+                        let last = if chat {
+                            meta.chunk(true, None, first, Some(finish), None, greq.include_usage)
+                        } else {
+                            meta.chunk(false, Some(""), first, Some(finish), None, greq.include_usage)
+                        };
+                        let _ = w.send(&sse(&last));
+                        if greq.include_usage {
+                            let _ = w.send(&sse(&meta.usage_chunk(chat, usage)));
+                        }
+                        let _ = w.send(b"data: [DONE]\n\n");
+                        let _ = w.end();
+                    }
+                    None => {
+                        let lp = want_logprobs.then(|| {
+                            if chat {
+                                api::chat_logprobs(&logprobs)
+                            } else {
+                                api::completion_logprobs(&logprobs, 0)
+                            }
+                        });
+                        srv.send(stream, &Response::json(200, &meta.answer(chat, &text, finish, usage, lp)));
+                    }
+                }
+                debug_assert!(finish != Finish::Cancelled);
+                return;
+            }
+            Event::Error(msg) => {
+                let e = ApiError::new(500, "server_error", msg);
+                match writer {
+                    Some(mut w) => {
+                        let _ = w.send(&sse(&e.to_json()));
+                        let _ = w.send(b"data: [DONE]\n\n");
+                        let _ = w.end();
+                    }
+                    None => srv.send_error(stream, &e),
+                }
+                return;
+            }
+        }
+    }
+}
