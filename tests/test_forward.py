@@ -11,8 +11,10 @@ import pytest
 
 from conftest import FIXTURES, run_ml, run_tool
 
-# Families the runtime implements so far (Llama architecture).
-LLAMA_FAMILIES = ["llama2", "smollm2-tied"]
+# Every family fixture: Llama 2, Llama 3 scaling, SmolLM2 (tied), Mistral (sliding
+# window), Qwen2 (biases), Qwen3 (q/k norm), SmolLM3 (NoPE layers), Gemma 2
+# (soft-caps, sandwich norms), Gemma 3 (local/global), Qwen3.5 (Gated DeltaNet).
+FAMILIES = sorted(p.name for p in (FIXTURES / "hf-tiny").iterdir() if (p / "reference.json").exists())
 
 
 def reference(family):
@@ -50,7 +52,7 @@ def greedy_of(mlb, ids, n):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_f32_logits_and_greedy_match_transformers(family, converted, tmp_path):
     ids, want, greedy = reference(family)
     got = logits_of(converted(family, "f32"), ids, tmp_path).reshape(want.shape)
@@ -59,7 +61,7 @@ def test_f32_logits_and_greedy_match_transformers(family, converted, tmp_path):
     assert greedy_of(converted(family, "f32"), ids, 16) == greedy
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("qtype,min_agree", [("q8_0", 0.90), ("q4_0", 0.50)])
 def test_quantized_argmax_agrees(family, qtype, min_agree, converted, tmp_path):
     ids, want, _ = reference(family)
@@ -68,10 +70,11 @@ def test_quantized_argmax_agrees(family, qtype, min_agree, converted, tmp_path):
     assert agree >= min_agree, f"{family} {qtype}: argmax agrees at {agree:.0%} of positions"
 
 
-@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_0"])
-def test_logits_identical_across_threads_and_batch_sizes(qtype, converted, tmp_path):
-    ids, _, _ = reference("smollm2-tied")
-    mlb = converted("smollm2-tied", qtype)
+@pytest.mark.parametrize("family,qtype", [("smollm2-tied", "f32"), ("smollm2-tied", "q8_0"), ("smollm2-tied", "q4_0"),
+                                          ("gemma3-local-global", "q8_0"), ("qwen3_5-hybrid", "q4_0")])
+def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converted, tmp_path):
+    ids, _, _ = reference(family)
+    mlb = converted(family, qtype)
     base = logits_of(mlb, ids, tmp_path, "-t", "1", "--batch", "512").tobytes()
     for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 5)]:
         other = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()

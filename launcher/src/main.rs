@@ -56,7 +56,15 @@ fn main() {
         eprintln!("ml_run: no Krafla build (ml_<isa>) found beside {}", dir.display());
         std::process::exit(2);
     };
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // Installed as `ml_server` (busybox style): run the chosen build in server mode.
+    let invoked_as = std::env::args_os()
+        .next()
+        .and_then(|a| Path::new(&a).file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    if invoked_as == "ml_server" {
+        args.insert(0, "--server".into());
+    }
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;

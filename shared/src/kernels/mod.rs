@@ -12,15 +12,196 @@ use std::sync::OnceLock;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::quant::{quantize_act, BlockQ4_0, BlockQ4_0F32, BlockQ8Act, BlockQ8_0, BlockQ8_0F32, QK};
+use crate::quant::{quantize_act, BlockQ4_0, BlockQ4_0F32, BlockQ8Act, BlockQ8_0, BlockQ8_0F32, Q4Block, Q8Block, QK};
 
 pub mod portable;
 
-// One line per ISA module as they are added; exactly one `arch` is in scope.
-pub use portable as arch;
+/// The safe public kernels of an ISA module: each named one forwards to the
+/// same function of the module's `imp`, whose functions carry
+/// `#[target_feature]` (so intrinsics are safe to call inside them).
+#[allow(unused_macros)]
+macro_rules! entry_points {
+    ($($name:ident),* $(,)?) => { $( entry_points!(@one $name); )* };
+    (@one dot_f32) => {
+        #[inline]
+        pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_f32(a, b) }
+        }
+    };
+    (@one dot_f16_f32) => {
+        #[inline]
+        pub fn dot_f16_f32(w: &[half::f16], x: &[f32]) -> f32 {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_f16_f32(w, x) }
+        }
+    };
+    (@one dot_q8) => {
+        #[inline]
+        pub fn dot_q8<B: crate::quant::Q8Block>(w: &[B], x: &[crate::quant::BlockQ8Act]) -> f32 {
+            // SAFETY: `imp` enables only target features this whole build was
+            // compiled with (kernels/mod.rs compiles the module only under that
+            // cfg), and the executable's start-up guard (variants/src/guard.rs)
+            // exits before main on a CPU that lacks any of them.
+            unsafe { imp::dot_q8(w, x) }
+        }
+    };
+    (@one dot_q4) => {
+        #[inline]
+        pub fn dot_q4<B: crate::quant::Q4Block>(w: &[B], x: &[crate::quant::BlockQ8Act]) -> f32 {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q4(w, x) }
+        }
+    };
+    (@one rmsnorm) => {
+        #[inline]
+        pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::rmsnorm(x, w, eps, offset, out) }
+        }
+    };
+    (@one softmax) => {
+        #[inline]
+        pub fn softmax(x: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::softmax(x) }
+        }
+    };
+    (@one axpy) => {
+        #[inline]
+        pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::axpy(a, x, y) }
+        }
+    };
+    (@one silu_mul) => {
+        #[inline]
+        pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::silu_mul(gate, up) }
+        }
+    };
+    (@one gelu_tanh_mul) => {
+        #[inline]
+        pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::gelu_tanh_mul(gate, up) }
+        }
+    };
+    (@one f16_to_f32) => {
+        #[inline]
+        pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::f16_to_f32(src, dst) }
+        }
+    };
+    (@one vexp) => {
+        /// Test hook: e^x of every element through the module's vector exp.
+        #[cfg(test)]
+        pub fn vexp(x: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::vexp(x) }
+        }
+    };
+}
 
-/// Name of the kernel set compiled into this build.
-pub const ISA: &str = "portable";
+// x86-64 kernel sets, memchr `arch/` style: each exports the same functions as
+// `portable`. SSE2 is the x86-64 baseline, so it is always compiled there
+// (SSE4.1 reuses its f32 half); AVX-512 VNNI reuses AVX2's f32 half.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+pub mod avx2;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c",
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512vl",
+    target_feature = "avx512dq",
+    target_feature = "avx512vnni"
+))]
+pub mod avx512vnni;
+#[cfg(target_arch = "x86_64")]
+pub mod sse2;
+#[cfg(all(target_arch = "x86_64", target_feature = "ssse3", target_feature = "sse4.1"))]
+pub mod sse41;
+
+// Exactly one `arch` is in scope: the best kernel set the target features allow.
+macro_rules! select {
+    ($( [$($cond:tt)*] => $module:ident, $name:literal; )*) => {
+        $(
+            #[cfg($($cond)*)]
+            pub use $module as arch;
+            /// Name of the kernel set compiled into this build.
+            #[cfg($($cond)*)]
+            pub const ISA: &str = $name;
+        )*
+    };
+}
+select! {
+    [all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c",
+         target_feature = "avx512f", target_feature = "avx512bw", target_feature = "avx512vl",
+         target_feature = "avx512dq", target_feature = "avx512vnni")] => avx512vnni, "avx512vnni";
+    [all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c",
+         not(all(target_feature = "avx512f", target_feature = "avx512bw", target_feature = "avx512vl",
+                 target_feature = "avx512dq", target_feature = "avx512vnni")))] => avx2, "avx2";
+    [all(target_arch = "x86_64", target_feature = "ssse3", target_feature = "sse4.1",
+         not(all(target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))] => sse41, "sse41";
+    [all(target_arch = "x86_64", not(all(target_feature = "ssse3", target_feature = "sse4.1")))] => sse2, "sse2";
+    [not(target_arch = "x86_64")] => portable, "portable";
+}
+
+/// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
+/// into f32 position and multiplied by 2^112 (exact for normals and
+/// subnormals), infinities and NaNs (quieted, as `half` does) patched in.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let rest = (h & 0x7fff) << 13;
+    let mut v = (f32::from_bits(rest) * f32::from_bits(0x7780_0000)).to_bits();
+    if rest >= 0x0f80_0000 {
+        v = rest | 0x7f80_0000 | if rest > 0x0f80_0000 { 0x0040_0000 } else { 0 };
+    }
+    f32::from_bits(v | (h & 0x8000) << 16)
+}
+
+/// A weight block's f16 scale as f32: F16C's `vcvtph2ps` when compiled in,
+/// else `f16_bits_to_f32` (the `half` crate would detect F16C at run time).
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn f16_scale(h: f16) -> f32 {
+    #[cfg(target_feature = "f16c")]
+    return h.to_f32();
+    #[cfg(not(target_feature = "f16c"))]
+    return f16_bits_to_f32(h.to_bits());
+}
+
+/// `Q8Block::scale` with the fast f16 conversion (the type test folds away).
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn q8_scale<B: Q8Block>(b: &B) -> f32 {
+    match (b as &dyn std::any::Any).downcast_ref::<BlockQ8_0>() {
+        Some(b) => f16_scale(b.d),
+        None => b.scale(),
+    }
+}
+
+/// `Q4Block::scale` with the fast f16 conversion (the type test folds away).
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn q4_scale<B: Q4Block>(b: &B) -> f32 {
+    match (b as &dyn std::any::Any).downcast_ref::<BlockQ4_0>() {
+        Some(b) => f16_scale(b.d),
+        None => b.scale(),
+    }
+}
 
 /// Borrowed rows of a weight matrix, in their stored type.
 #[derive(Clone, Copy)]
@@ -85,7 +266,11 @@ pub struct Input<'a> {
 impl<'a> Input<'a> {
     pub fn new(x: &'a [f32], cols: usize) -> Self {
         debug_assert_eq!(x.len() % cols, 0);
-        Input { x, cols, q8: OnceLock::new() }
+        Input {
+            x,
+            cols,
+            q8: OnceLock::new(),
+        }
     }
     pub fn n_tokens(&self) -> usize {
         self.x.len() / self.cols
@@ -110,7 +295,10 @@ const ROW_TILE: usize = 16;
 /// walked in tiles, each tile applied to every token while it is in cache.
 pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
     let n_tok = input.n_tokens();
-    assert_eq!(input.cols, w.cols, "matmul: input width does not match the weight matrix");
+    assert_eq!(
+        input.cols, w.cols,
+        "matmul: input width does not match the weight matrix"
+    );
     assert_eq!(out.len(), n_tok * w.rows);
     let xq: &[BlockQ8Act] = if w.is_quantized() { input.q8() } else { &[] };
     let bpr = w.cols / QK; // activation blocks per token
@@ -131,16 +319,19 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
     // Token-major results are gathered per row tile ([rows][tokens]) and
     // transposed afterwards, so every task writes one contiguous chunk.
     let mut by_row = vec![0.0f32; out.len()];
-    by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
-        let r0 = tile * ROW_TILE;
-        let rows = o.len() / n_tok;
-        for t in 0..n_tok {
-            let (x, q) = one_token(t);
-            for i in 0..rows {
-                o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
+    by_row
+        .par_chunks_mut(ROW_TILE * n_tok)
+        .enumerate()
+        .for_each(|(tile, o)| {
+            let r0 = tile * ROW_TILE;
+            let rows = o.len() / n_tok;
+            for t in 0..n_tok {
+                let (x, q) = one_token(t);
+                for i in 0..rows {
+                    o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
+                }
             }
-        }
-    });
+        });
     for t in 0..n_tok {
         for r in 0..w.rows {
             out[t * w.rows + r] = by_row[r * n_tok + t];
@@ -150,8 +341,21 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    //! Every kernel of the compiled-in `arch` against `portable` and against
+    //! f64 references. `cargo xtask kernel-tests` runs these once per x86-64
+    //! variant (sse2, sse41, avx2, avx512vnni).
+    //!
+    //! Identity. The dots (f32, f16, Q8, Q4), rmsnorm and axpy of every x86
+    //! kernel set follow `portable`'s reduction order exactly and are tested
+    //! bit-identical to it: activations are re-quantised between matmuls, so a
+    //! one-ulp difference can flip a rounding and move logits by ~1e-2.
+    //! Bounds. Quantised dots: each block's integer sum is exact; only the
+    //! per-block f32 scaling and the f32 accumulation round:
+    //! |got − exact| ≤ (blocks + 8)·2^-23·Σ_b |d_b|·Σ_j |w_j·x_j|.
+    //! f32 dots: 1e-6·n + 1e-6 absolute on values in [-1, 1].
+    //! exp (vector kernels, softmax / silu / gelu): relative 1e-6 against f64.
     use super::*;
-    use crate::quant::{dequant_q4, dequant_q8, Q4Block, Q8Block};
+    use crate::quant::{dequant_q4, dequant_q8};
 
     /// Small deterministic generator (xorshift) for test data.
     struct Rng(u64);
@@ -174,7 +378,7 @@ mod tests {
         (0..n)
             .map(|_| {
                 let mut b = BlockQ8_0 { d: f16::from_f32(rng.f32() * 0.1), qs: [0; QK] };
-                b.qs.iter_mut().for_each(|q| *q = rng.next() as i8);
+                b.qs.iter_mut().for_each(|q| *q = rng.next() as i8); // includes -128
                 b
             })
             .collect()
@@ -198,60 +402,112 @@ mod tests {
         a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
     }
 
-    /// Exact integer reference for a Q8 × Q8act dot: per-block integer sums.
-    fn exact_blocks_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f64 {
-        w.iter()
-            .zip(x)
-            .map(|(bw, bx)| {
-                let s: i64 = bw.quants().iter().zip(&bx.qs).map(|(&a, &b)| a as i64 * b as i64).sum();
-                bw.scale() as f64 * bx.d as f64 * s as f64
-            })
-            .sum()
+    /// (exact Σ_b d_b·isum_b in f64, the error bound of the module doc).
+    fn exact_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> (f64, f64) {
+        let (mut sum, mut mag) = (0.0, 0.0);
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bw.scale() as f64 * bx.d as f64;
+            let s: i64 = bw.quants().iter().zip(&bx.qs).map(|(&a, &b)| a as i64 * b as i64).sum();
+            let m: i64 = bw.quants().iter().zip(&bx.qs).map(|(&a, &b)| (a as i64 * b as i64).abs()).sum();
+            sum += d * s as f64;
+            mag += d.abs() * m as f64;
+        }
+        (sum, (w.len() + 8) as f64 * f64::powi(2.0, -23) * mag)
     }
-    fn exact_blocks_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f64 {
-        let mut wf = vec![0.0f32; QK];
-        w.iter()
-            .zip(x)
-            .map(|(bw, bx)| {
-                dequant_q4(std::slice::from_ref(bw), &mut wf);
-                let s: f64 = wf.iter().zip(&bx.qs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                s * bx.d as f64
-            })
-            .sum()
+    fn exact_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> (f64, f64) {
+        let (mut sum, mut mag) = (0.0, 0.0);
+        for (bw, bx) in w.iter().zip(x) {
+            let d = bw.scale() as f64 * bx.d as f64;
+            let (mut s, mut m) = (0i64, 0i64);
+            for (j, &byte) in bw.nibbles().iter().enumerate() {
+                for (n, q) in [((byte & 15) as i64 - 8, bx.qs[j]), ((byte >> 4) as i64 - 8, bx.qs[j + 16])] {
+                    s += n * q as i64;
+                    m += (n * q as i64).abs();
+                }
+            }
+            sum += d * s as f64;
+            mag += d.abs() * m as f64;
+        }
+        (sum, (w.len() + 8) as f64 * f64::powi(2.0, -23) * mag)
     }
 
     #[test]
-    fn dot_f32_matches_f64_on_odd_lengths() {
+    fn compiled_isa_is_the_expected_one() {
+        // KRAFLA_EXPECT_ISA is set by `cargo xtask kernel-tests` per variant.
+        if let Some(want) = option_env!("KRAFLA_EXPECT_ISA") {
+            assert_eq!(ISA, want, "this build's kernel set");
+        }
+        #[cfg(target_arch = "x86_64")]
+        assert_ne!(ISA, "portable");
+    }
+
+    #[test]
+    fn dot_f32_matches_f64_and_portable_on_odd_lengths() {
         let mut rng = Rng(0x9e3779b97f4a7c15);
-        for n in [1, 3, 7, 8, 15, 31, 33, 64, 100, 257, 1000, 4099] {
+        let lengths = (0..=70).chain([100, 127, 129, 257, 576, 1000, 1536, 4099]);
+        for n in lengths {
             let (a, b) = (rng.vec(n), rng.vec(n));
             let want = f64_dot(&a, &b);
             let bound = 1e-6 * n as f64 + 1e-6;
-            assert!((arch::dot_f32(&a, &b) as f64 - want).abs() <= bound, "n={n}");
-            assert_eq!(arch::dot_f32(&a, &b).to_bits(), arch::dot_f32(&a, &b).to_bits());
+            let got = arch::dot_f32(&a, &b);
+            assert!((got as f64 - want).abs() <= bound, "n={n}");
+            assert_eq!(got.to_bits(), portable::dot_f32(&a, &b).to_bits(), "n={n} vs portable");
+            assert_eq!(got.to_bits(), arch::dot_f32(&a, &b).to_bits());
             let h: Vec<f16> = a.iter().map(|&v| f16::from_f32(v)).collect();
             let hf: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
-            assert!((arch::dot_f16_f32(&h, &b) as f64 - f64_dot(&hf, &b)).abs() <= bound, "f16 n={n}");
+            let gh = arch::dot_f16_f32(&h, &b);
+            assert!((gh as f64 - f64_dot(&hf, &b)).abs() <= bound, "f16 n={n}");
+            assert_eq!(gh.to_bits(), portable::dot_f16_f32(&h, &b).to_bits(), "f16 n={n} vs portable");
         }
     }
 
     #[test]
-    fn quantized_dots_match_exact_reference() {
+    fn quantized_dots_match_exact_reference_and_portable() {
         let mut rng = Rng(12345);
-        for nb in [1, 2, 3, 5, 8, 17, 18, 64, 191] {
+        for nb in (1..=40).chain([47, 64, 65, 96, 191, 256, 257]) {
             let (_, xq) = act(&mut rng, nb);
             let w8 = q8_blocks(&mut rng, nb);
             let w4 = q4_blocks(&mut rng, nb);
-            let (g8, g4) = (arch::dot_q8(&w8, &xq), arch::dot_q4(&w4, &xq));
-            let (e8, e4) = (exact_blocks_q8(&w8, &xq), exact_blocks_q4(&w4, &xq));
-            // Integer parts are exact; only the per-block f32 scaling and the
-            // f32 accumulation round.
-            let scale8: f64 = w8.iter().zip(&xq).map(|(a, b)| (a.scale() * b.d).abs() as f64 * 32.0 * 127.0 * 127.0).sum();
-            let scale4: f64 = w4.iter().zip(&xq).map(|(a, b)| (a.scale() * b.d).abs() as f64 * 32.0 * 8.0 * 127.0).sum();
-            assert!((g8 as f64 - e8).abs() <= 2e-6 * scale8, "q8 nb={nb}: {g8} vs {e8}");
-            assert!((g4 as f64 - e4).abs() <= 2e-6 * scale4, "q4 nb={nb}: {g4} vs {e4}");
-            assert_eq!(g8.to_bits(), portable::dot_q8(&w8, &xq).to_bits(), "q8 differs from portable");
-            assert_eq!(g4.to_bits(), portable::dot_q4(&w4, &xq).to_bits(), "q4 differs from portable");
+            let w8f: Vec<BlockQ8_0F32> = w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32() * 1.5, qs: b.qs }).collect();
+            let w4f: Vec<BlockQ4_0F32> = w4.iter().map(|b| BlockQ4_0F32 { d: b.d.to_f32() * 1.5, qs: b.qs }).collect();
+            let check = |name: &str, got: f32, port: f32, (e, bound): (f64, f64)| {
+                assert!((got as f64 - e).abs() <= bound, "{name} nb={nb}: {got} vs exact {e} (bound {bound:e})");
+                assert_eq!(got.to_bits(), port.to_bits(), "{name} nb={nb}: {got} vs portable {port}");
+            };
+            check("q8", arch::dot_q8(&w8, &xq), portable::dot_q8(&w8, &xq), exact_q8(&w8, &xq));
+            check("q4", arch::dot_q4(&w4, &xq), portable::dot_q4(&w4, &xq), exact_q4(&w4, &xq));
+            check("q8f32", arch::dot_q8(&w8f, &xq), portable::dot_q8(&w8f, &xq), exact_q8(&w8f, &xq));
+            check("q4f32", arch::dot_q4(&w4f, &xq), portable::dot_q4(&w4f, &xq), exact_q4(&w4f, &xq));
+        }
+    }
+
+    /// With unit scales the result is the integer sum itself: every partial
+    /// sum stays below 2^24, so any f32 order must give it exactly.
+    #[test]
+    fn quantized_integer_part_is_exact() {
+        let mut rng = Rng(31337);
+        let one = f16::from_f32(1.0);
+        for nb in (1..=32).chain([100, 191, 500]) {
+            // Full-range quants up to 32 blocks; beyond, |q| < 16 keeps sums < 2^24.
+            let lim: i64 = if nb <= 32 { 127 } else { 15 };
+            let q = |rng: &mut Rng| ((rng.next() % (2 * lim as u64 + 1)) as i64 - lim) as i8;
+            let mut xq = vec![BlockQ8Act::default(); nb];
+            for b in xq.iter_mut() {
+                b.d = 1.0;
+                b.qs.iter_mut().for_each(|v| *v = q(&mut rng));
+                b.sum = b.qs.iter().map(|&v| v as i32).sum();
+            }
+            let mut w8: Vec<BlockQ8_0> = (0..nb).map(|_| BlockQ8_0 { d: one, qs: [0; QK] }).collect();
+            w8.iter_mut().for_each(|b| b.qs.iter_mut().for_each(|v| *v = q(&mut rng)));
+            if nb <= 32 {
+                w8[0].qs[5] = -128; // the sign trick must handle -128 weights
+            }
+            let w4: Vec<BlockQ4_0> = q4_blocks(&mut rng, nb).into_iter().map(|b| BlockQ4_0 { d: one, ..b }).collect();
+            let e8 = exact_q8(&w8, &xq).0;
+            let e4 = exact_q4(&w4, &xq).0;
+            assert!(e8.abs() < 16_777_216.0 && e4.abs() < 16_777_216.0);
+            assert_eq!(arch::dot_q8(&w8, &xq) as f64, e8, "q8 nb={nb}");
+            assert_eq!(arch::dot_q4(&w4, &xq) as f64, e4, "q4 nb={nb}");
         }
     }
 
@@ -265,6 +521,7 @@ mod tests {
                 back[i * QK + j] = b.d * b.qs[j] as f32;
             }
             assert_eq!(b.sum, b.qs.iter().map(|&v| v as i32).sum::<i32>());
+            assert!(b.qs.iter().all(|&v| v != -128), "the Q8 sign trick needs activation quants in [-127, 127]");
         }
         for (i, (&a, &b)) in x.iter().zip(&back).enumerate() {
             assert!((a - b).abs() <= q[i / QK].d * 0.5 + 1e-7);
@@ -272,26 +529,150 @@ mod tests {
     }
 
     #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let mut got = vec![0.0f32; all.len()];
+        arch::f16_to_f32(&all, &mut got);
+        for (h, g) in all.iter().zip(&got) {
+            let want = h.to_f32();
+            assert_eq!(g.to_bits(), want.to_bits(), "arch f16 {:#06x}", h.to_bits());
+            assert_eq!(f16_bits_to_f32(h.to_bits()).to_bits(), want.to_bits(), "bits {:#06x}", h.to_bits());
+        }
+        // odd lengths and offsets
+        for n in 0..20 {
+            let mut out = vec![0.0f32; n];
+            arch::f16_to_f32(&all[1000..1000 + n], &mut out);
+            assert!(out.iter().zip(&all[1000..]).all(|(o, h)| *o == h.to_f32()));
+        }
+    }
+
+    /// The vector exp behind softmax / silu / gelu: relative 1e-6 against f64.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_exp_is_within_1e6_relative() {
+        let mut xs: Vec<f32> = (0..400_000).map(|i| -87.3 + i as f32 * (88.72 + 87.3) / 400_000.0).collect();
+        xs.extend([0.0, -0.0, 1e-8, -1e-8, 88.72, -87.33, 0.5 * std::f32::consts::LN_2]);
+        let mut got = xs.clone();
+        arch::vexp(&mut got);
+        let mut worst = 0.0f64;
+        for (&x, &g) in xs.iter().zip(&got) {
+            let want = (x as f64).exp();
+            let rel = (g as f64 - want).abs() / want;
+            worst = worst.max(rel);
+            assert!(rel <= 1e-6, "exp({x}) = {g}, want {want} (rel {rel:e})");
+        }
+        eprintln!("vector exp: worst relative error {worst:e}");
+        let mut sp = vec![f32::NEG_INFINITY, -200.0, -104.0, f32::INFINITY, 89.0, f32::NAN, 0.0];
+        arch::vexp(&mut sp);
+        assert_eq!(&sp[..5], &[0.0, 0.0, 0.0, f32::INFINITY, f32::INFINITY]);
+        assert!(sp[5].is_nan());
+        assert_eq!(sp[6], 1.0);
+    }
+
+    #[test]
+    fn f32_ops_match_f64_and_portable() {
+        let mut rng = Rng(5);
+        for n in (1..=40).chain([63, 64, 65, 100, 576, 1536]) {
+            let x = rng.vec(n);
+            let w = rng.vec(n);
+            let mut out = vec![0.0; n];
+            arch::rmsnorm(&x, &w, 1e-5, 1.0, &mut out);
+            let mut port = vec![0.0; n];
+            portable::rmsnorm(&x, &w, 1e-5, 1.0, &mut port);
+            let ms: f64 = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let inv = 1.0 / (ms + 1e-5).sqrt();
+            for i in 0..n {
+                let want = x[i] as f64 * inv * (w[i] as f64 + 1.0);
+                assert!((out[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "rmsnorm n={n}");
+                assert_eq!(out[i].to_bits(), port[i].to_bits(), "rmsnorm n={n} vs portable");
+            }
+            // softmax on a wide range (scores), relative to f64
+            let scores: Vec<f32> = x.iter().map(|&v| v * 30.0).collect();
+            let mut s = scores.clone();
+            arch::softmax(&mut s);
+            let mut sp = scores.clone();
+            portable::softmax(&mut sp);
+            // reference from the f32 differences x − max the kernels exponentiate
+            let mx = scores.iter().fold(f32::MIN, |m, &v| m.max(v));
+            let z: f64 = scores.iter().map(|&v| ((v - mx) as f64).exp()).sum();
+            for i in 0..n {
+                let want = ((scores[i] - mx) as f64).exp() / z;
+                assert!((s[i] as f64 - want).abs() <= 1e-6 * want + 1e-37, "softmax n={n} i={i}: {} vs {want}, portable {}", s[i], sp[i]);
+                assert!((s[i] - sp[i]).abs() as f64 <= 2e-6 * want + 1e-37, "softmax n={n} vs portable");
+            }
+            // silu over [-30, 30], relative
+            let g30: Vec<f32> = x.iter().map(|&v| v * 30.0).collect();
+            let (mut g, mut gp) = (g30.clone(), g30.clone());
+            arch::silu_mul(&mut g, &w);
+            portable::silu_mul(&mut gp, &w);
+            for i in 0..n {
+                let v = g30[i] as f64;
+                let want = v / (1.0 + (-v).exp()) * w[i] as f64;
+                assert!((g[i] as f64 - want).abs() <= 2e-6 * want.abs() + 1e-30, "silu n={n} x={v}");
+                assert!((g[i] - gp[i]).abs() as f64 <= 3e-6 * want.abs() + 1e-30, "silu n={n} vs portable");
+            }
+            // gelu_tanh over [-6, 6]
+            let g6: Vec<f32> = x.iter().map(|&v| v * 6.0).collect();
+            let (mut g, mut gp) = (g6.clone(), g6.clone());
+            arch::gelu_tanh_mul(&mut g, &w);
+            portable::gelu_tanh_mul(&mut gp, &w);
+            for i in 0..n {
+                let v = g6[i] as f64;
+                let t = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+                let want = 0.5 * v * (1.0 + t.tanh()) * w[i] as f64;
+                assert!((g[i] as f64 - want).abs() <= 2e-6 * (1.0 + v.abs()), "gelu n={n} x={v}");
+                assert!((g[i] - gp[i]).abs() as f64 <= 4e-6 * (1.0 + v.abs()), "gelu n={n} vs portable");
+            }
+            // axpy
+            let (mut y, mut yp) = (w.clone(), w.clone());
+            arch::axpy(0.37, &x, &mut y);
+            portable::axpy(0.37, &x, &mut yp);
+            for i in 0..n {
+                let want = w[i] as f64 + 0.37f32 as f64 * x[i] as f64;
+                assert!((y[i] as f64 - want).abs() <= 2.5e-7, "axpy n={n}");
+                assert_eq!(y[i].to_bits(), yp[i].to_bits(), "axpy n={n} vs portable");
+            }
+        }
+    }
+
+    #[test]
     fn matmul_is_identical_for_any_batch_and_thread_count() {
         let mut rng = Rng(4242);
-        let (rows, cols, n_tok) = (37, 96, 9);
+        let (rows, cols, n_tok) = (37, 160, 9);
         let w4 = q4_blocks(&mut rng, rows * cols / QK);
         let w8 = q8_blocks(&mut rng, rows * cols / QK);
+        let w8f: Vec<BlockQ8_0F32> = w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32(), qs: b.qs }).collect();
+        let w4f: Vec<BlockQ4_0F32> = w4.iter().map(|b| BlockQ4_0F32 { d: b.d.to_f32(), qs: b.qs }).collect();
         let wf = rng.vec(rows * cols);
+        let wh: Vec<f16> = wf.iter().map(|&v| f16::from_f32(v)).collect();
         let x = rng.vec(n_tok * cols);
-        for data in [WeightData::Q4_0(&w4), WeightData::Q8_0(&w8), WeightData::F32(&wf)] {
+        let datas = [
+            WeightData::Q4_0(&w4),
+            WeightData::Q8_0(&w8),
+            WeightData::Q8_0F32(&w8f),
+            WeightData::Q4_0F32(&w4f),
+            WeightData::F32(&wf),
+            WeightData::F16(&wh),
+        ];
+        for data in datas {
             let m = MatRef { rows, cols, data };
             let mut batched = vec![0.0; n_tok * rows];
             matmul(&m, &Input::new(&x, cols), &mut batched);
-            for t in 0..n_tok {
-                let mut single = vec![0.0; rows];
-                let xs = &x[t * cols..(t + 1) * cols];
-                for threads in [1, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                // other batch splits: 4 + 5 tokens
+                let mut split = vec![0.0; n_tok * rows];
+                pool.install(|| {
+                    matmul(&m, &Input::new(&x[..4 * cols], cols), &mut split[..4 * rows]);
+                    matmul(&m, &Input::new(&x[4 * cols..], cols), &mut split[4 * rows..]);
+                });
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&split), bits(&batched), "4+5 split, {threads} threads");
+                for t in 0..n_tok {
+                    let mut single = vec![0.0; rows];
+                    let xs = &x[t * cols..(t + 1) * cols];
                     pool.install(|| matmul(&m, &Input::new(xs, cols), &mut single));
-                    let got: Vec<u32> = single.iter().map(|v| v.to_bits()).collect();
-                    let want: Vec<u32> = batched[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(got, want, "token {t}, {threads} threads");
+                    assert_eq!(bits(&single), bits(&batched[t * rows..(t + 1) * rows]), "token {t}, {threads} threads");
                 }
             }
         }
@@ -302,53 +683,49 @@ mod tests {
         let mut rng = Rng(99);
         let (rows, cols) = (5, 64);
         let w8 = q8_blocks(&mut rng, rows * cols / QK);
+        let w4 = q4_blocks(&mut rng, rows * cols / QK);
         let x = rng.vec(cols);
-        let mut out = vec![0.0; rows];
-        matmul(&MatRef { rows, cols, data: WeightData::Q8_0(&w8) }, &Input::new(&x, cols), &mut out);
+        let mut out8 = vec![0.0; rows];
+        let mut out4 = vec![0.0; rows];
+        matmul(&MatRef { rows, cols, data: WeightData::Q8_0(&w8) }, &Input::new(&x, cols), &mut out8);
+        matmul(&MatRef { rows, cols, data: WeightData::Q4_0(&w4) }, &Input::new(&x, cols), &mut out4);
         let mut wrow = vec![0.0f32; cols];
         for r in 0..rows {
-            dequant_q8(&w8[r * 2..r * 2 + 2], &mut wrow);
-            let want = f64_dot(&wrow, &x);
-            let mag: f64 = wrow.iter().zip(&x).map(|(a, b)| (a * b).abs() as f64).sum();
-            // activation quantisation error is at most half a step per element
-            assert!((out[r] as f64 - want).abs() <= 0.02 * mag + 1e-4, "row {r}: {} vs {want}", out[r]);
+            for (name, out, deq) in [("q8", &out8, 0), ("q4", &out4, 1)] {
+                if deq == 0 {
+                    dequant_q8(&w8[r * 2..r * 2 + 2], &mut wrow);
+                } else {
+                    dequant_q4(&w4[r * 2..r * 2 + 2], &mut wrow);
+                }
+                let want = f64_dot(&wrow, &x);
+                let mag: f64 = wrow.iter().zip(&x).map(|(a, b)| (a * b).abs() as f64).sum();
+                // activation quantisation error is at most half a step per element
+                assert!((out[r] as f64 - want).abs() <= 0.02 * mag + 1e-4, "{name} row {r}: {} vs {want}", out[r]);
+            }
         }
     }
 
+    /// Single-thread dot throughput (run: cargo test --release -p krafla --lib bench_dots -- --ignored --nocapture).
     #[test]
-    fn f32_ops_match_f64() {
-        let mut rng = Rng(5);
-        for n in [1, 7, 33, 576] {
-            let x = rng.vec(n);
-            let w = rng.vec(n);
-            let mut out = vec![0.0; n];
-            arch::rmsnorm(&x, &w, 1e-5, 1.0, &mut out);
-            let ms: f64 = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
-            let inv = 1.0 / (ms + 1e-5).sqrt();
-            for i in 0..n {
-                let want = x[i] as f64 * inv * (w[i] as f64 + 1.0);
-                assert!((out[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()));
+    #[ignore]
+    fn bench_dots() {
+        let mut rng = Rng(1);
+        let (rows, cols) = (8192, 576);
+        let nb = cols / QK;
+        let w4 = q4_blocks(&mut rng, rows * nb);
+        let w8 = q8_blocks(&mut rng, rows * nb);
+        let (_, xq) = act(&mut rng, nb);
+        let time = |name: &str, bytes: usize, f: &dyn Fn() -> f32| {
+            let mut best = f64::MAX;
+            let mut sink = 0.0;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                sink += f();
+                best = best.min(t.elapsed().as_secs_f64());
             }
-            let mut s = x.clone();
-            arch::softmax(&mut s);
-            let mx = x.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
-            let z: f64 = x.iter().map(|&v| (v as f64 - mx).exp()).sum();
-            for i in 0..n {
-                assert!((s[i] as f64 - (x[i] as f64 - mx).exp() / z).abs() <= 1e-6);
-            }
-            let (mut g, u) = (x.clone(), w.clone());
-            arch::silu_mul(&mut g, &u);
-            for i in 0..n {
-                let v = x[i] as f64;
-                assert!((g[i] as f64 - v / (1.0 + (-v).exp()) * u[i] as f64).abs() <= 1e-6);
-            }
-            let mut g = x.clone();
-            arch::gelu_tanh_mul(&mut g, &u);
-            for i in 0..n {
-                let v = x[i] as f64;
-                let want = 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
-                assert!((g[i] as f64 - want * u[i] as f64).abs() <= 1e-6);
-            }
-        }
+            eprintln!("{ISA} {name}: {:.2} ms, {:.1} GB/s ({sink})", best * 1e3, bytes as f64 / best / 1e9);
+        };
+        time("q4", w4.len() * 18, &|| (0..rows).map(|r| arch::dot_q4(&w4[r * nb..(r + 1) * nb], &xq)).sum());
+        time("q8", w8.len() * 34, &|| (0..rows).map(|r| arch::dot_q8(&w8[r * nb..(r + 1) * nb], &xq)).sum());
     }
 }

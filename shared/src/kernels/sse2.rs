@@ -1,0 +1,385 @@
+//! SSE2 kernels: the x86-64 baseline, so this module is compiled on every
+//! x86-64 build (the SSE4.1 build re-exports its f32 half).
+//!
+//! Int8 dots sign-extend bytes to i16 and multiply-add pairs with `pmaddwd`.
+//!
+//! Cross-build identity: every reduction here follows `portable`'s order
+//! exactly (quantised dots: the exact per-block integer sum, then
+//! acc += (d_w·d_x)·isum block by block; f32 dots: eight partial sums without
+//! FMA), so dots, rmsnorm and axpy are bit-identical to `portable` and to the
+//! other x86 builds. This matters because activations are re-quantised
+//! between matmuls: a one-ulp difference can flip a rounding and move logits
+//! by ~1e-2. exp (`exp4`, a Cephes polynomial) differs from libm's but is
+//! computed by the same operation sequence in every x86 build (no FMA), so the
+//! elementwise ops agree across x86 builds too.
+
+entry_points!(
+    dot_f32,
+    dot_f16_f32,
+    dot_q8,
+    dot_q4,
+    rmsnorm,
+    softmax,
+    axpy,
+    silu_mul,
+    gelu_tanh_mul,
+    f16_to_f32,
+    vexp
+);
+
+pub(super) mod imp {
+    use core::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::super::{f16_bits_to_f32, q4_scale, q8_scale};
+    use crate::quant::{BlockQ8Act, Q4Block, Q8Block, QK};
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn ld(c: &[f32]) -> __m128 {
+        let c: &[f32; 4] = c.try_into().unwrap();
+        // SAFETY: `c` is a reference to 4 readable f32; loadu needs no alignment.
+        unsafe { _mm_loadu_ps(c.as_ptr()) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn st(c: &mut [f32], v: __m128) {
+        let c: &mut [f32; 4] = c.try_into().unwrap();
+        // SAFETY: `c` is a unique reference to 4 writable f32; storeu needs no alignment.
+        unsafe { _mm_storeu_ps(c.as_mut_ptr(), v) }
+    }
+
+    /// 16 bytes as a vector.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn ld16<T: Copy>(c: &[T; 16]) -> __m128i {
+        debug_assert_eq!(core::mem::size_of::<T>(), 1);
+        // SAFETY: `c` points to 16 readable bytes (T is i8 or u8); loadu needs no alignment.
+        unsafe { _mm_loadu_si128(c.as_ptr() as *const __m128i) }
+    }
+
+    /// Halves of a 32-byte block.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn halves<T: Copy>(q: &[T; QK]) -> (__m128i, __m128i) {
+        (ld16(q[..16].try_into().unwrap()), ld16(q[16..].try_into().unwrap()))
+    }
+
+    /// (v0 + v1) + (v2 + v3): `portable`'s final combination of its partial sums.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn hsum(v: __m128) -> f32 {
+        let s = _mm_add_ps(v, _mm_shuffle_ps::<0b10_11_00_01>(v, v));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)))
+    }
+
+    /// Sum of four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn hsum_i32(v: __m128i) -> i32 {
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v)))
+    }
+
+    /// Exact f16 → f32 of four halves (in the low 64 bits), as `f16_bits_to_f32`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn cvt_f16x4(h: __m128i) -> __m128 {
+        let h = _mm_unpacklo_epi16(h, _mm_setzero_si128());
+        let rest = _mm_slli_epi32::<13>(_mm_and_si128(h, _mm_set1_epi32(0x7fff)));
+        let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
+        let v = _mm_castps_si128(_mm_mul_ps(
+            _mm_castsi128_ps(rest),
+            _mm_set1_ps(f32::from_bits(0x7780_0000)),
+        ));
+        let special = _mm_cmpgt_epi32(rest, _mm_set1_epi32(0x0f7f_ffff)); // exponent all ones
+        let nan = _mm_and_si128(
+            _mm_cmpgt_epi32(rest, _mm_set1_epi32(0x0f80_0000)),
+            _mm_set1_epi32(0x0040_0000),
+        );
+        let inf_nan = _mm_or_si128(_mm_or_si128(rest, _mm_set1_epi32(0x7f80_0000)), nan);
+        let v = _mm_or_si128(_mm_andnot_si128(special, v), _mm_and_si128(special, inf_nan));
+        _mm_castsi128_ps(_mm_or_si128(v, sign))
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn ld_f16x4(c: &[f16]) -> __m128 {
+        let c: &[f16; 4] = c.try_into().unwrap();
+        // SAFETY: `c` points to 4 readable f16 (8 bytes); loadl reads exactly 8 bytes.
+        cvt_f16x4(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) })
+    }
+
+    /// Σ a[i]·b[i] in `portable`'s order exactly: eight partial sums (two
+    /// 4-lane vectors, multiply then add), combined pairwise, plus a scalar tail.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        debug_assert_eq!(a.len(), b.len());
+        dot_with(a, b, |c| ld(c))
+    }
+
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn dot_with<T: Copy>(a: &[T], b: &[f32], load: impl Fn(&[T]) -> __m128) -> f32
+    where
+        T: Into<Scalar>,
+    {
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        let (mut lo, mut hi) = (_mm_setzero_ps(), _mm_setzero_ps());
+        let (mut ca, mut cb) = (a.chunks_exact(8), b.chunks_exact(8));
+        for (x, y) in (&mut ca).zip(&mut cb) {
+            lo = _mm_add_ps(lo, _mm_mul_ps(load(&x[..4]), ld(&y[..4])));
+            hi = _mm_add_ps(hi, _mm_mul_ps(load(&x[4..]), ld(&y[4..])));
+        }
+        let mut tail = 0.0f32;
+        for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+            tail += x.into().0 * y;
+        }
+        hsum(_mm_add_ps(lo, hi)) + tail
+    }
+
+    /// An element converted to f32 for the scalar tail of `dot_with`.
+    pub(crate) struct Scalar(f32);
+    impl From<f32> for Scalar {
+        fn from(v: f32) -> Self {
+            Scalar(v)
+        }
+    }
+    impl From<f16> for Scalar {
+        fn from(v: f16) -> Self {
+            Scalar(f16_bits_to_f32(v.to_bits()))
+        }
+    }
+
+    /// Σ w[i]·x[i] for f16 weights, same order as `dot_f32`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        dot_with(w, x, |c| ld_f16x4(c))
+    }
+
+    /// Σ of 16 i8 × i8 products in four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn madd_i8(a: __m128i, b: __m128i) -> __m128i {
+        let ext_lo = |v| _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
+        let ext_hi = |v| _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
+        _mm_add_epi32(
+            _mm_madd_epi16(ext_lo(a), ext_lo(b)),
+            _mm_madd_epi16(ext_hi(a), ext_hi(b)),
+        )
+    }
+
+    /// Σ of 16 u8 (< 128) × i8 products in four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn madd_u8i8(a: __m128i, b: __m128i) -> __m128i {
+        let z = _mm_setzero_si128();
+        let ext_lo = |v| _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
+        let ext_hi = |v| _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
+        _mm_add_epi32(
+            _mm_madd_epi16(_mm_unpacklo_epi8(a, z), ext_lo(b)),
+            _mm_madd_epi16(_mm_unpackhi_epi8(a, z), ext_hi(b)),
+        )
+    }
+
+    /// Q8 weights · Q8 activations: per block the exact integer sum, then
+    /// acc += (d_w·d_x)·isum in block order, as `portable` (bit-identical).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let ((w0, w1), (x0, x1)) = (halves(bw.quants()), halves(&bx.qs));
+            let s = _mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1));
+            acc += (q8_scale(bw) * bx.d) * hsum_i32(s) as f32;
+        }
+        acc
+    }
+
+    /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact), scaled as `dot_q8`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = 0.0f32;
+        let m = _mm_set1_epi8(0x0f);
+        for (bw, bx) in w.iter().zip(x) {
+            let n = ld16(bw.nibbles());
+            let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+            let (x0, x1) = halves(&bx.qs);
+            let s = _mm_add_epi32(_mm_cvtsi32_si128(-8 * bx.sum), madd_u8i8(lo, x0));
+            let s = _mm_add_epi32(s, madd_u8i8(hi, x1));
+            acc += (q4_scale(bw) * bx.d) * hsum_i32(s) as f32;
+        }
+        acc
+    }
+
+    /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
+        let inv = 1.0 / (dot_f32(x, x) / x.len() as f32 + eps).sqrt();
+        let n = x.len().min(w.len()).min(out.len());
+        let (vi, vo) = (_mm_set1_ps(inv), _mm_set1_ps(offset));
+        let mut i = 0;
+        while i + 4 <= n {
+            st(
+                &mut out[i..i + 4],
+                _mm_mul_ps(_mm_mul_ps(ld(&x[i..i + 4]), vi), _mm_add_ps(ld(&w[i..i + 4]), vo)),
+            );
+            i += 4;
+        }
+        for j in i..n {
+            out[j] = x[j] * inv * (w[j] + offset);
+        }
+    }
+
+    /// Applies `f` four lanes at a time to `y`, the tail through a zero-padded vector.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn map1(y: &mut [f32], f: impl Fn(__m128) -> __m128) {
+        let n = y.len();
+        let mut i = 0;
+        while i + 4 <= n {
+            let v = f(ld(&y[i..i + 4]));
+            st(&mut y[i..i + 4], v);
+            i += 4;
+        }
+        if i < n {
+            let mut a = [0.0f32; 4];
+            a[..n - i].copy_from_slice(&y[i..n]);
+            let v = f(ld(&a));
+            st(&mut a, v);
+            y[i..n].copy_from_slice(&a[..n - i]);
+        }
+    }
+
+    /// Applies `f` four lanes at a time to `y` and `x`, the tail through a zero-padded vector.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn map2(y: &mut [f32], x: &[f32], f: impl Fn(__m128, __m128) -> __m128) {
+        let n = y.len().min(x.len());
+        let mut i = 0;
+        while i + 4 <= n {
+            let v = f(ld(&y[i..i + 4]), ld(&x[i..i + 4]));
+            st(&mut y[i..i + 4], v);
+            i += 4;
+        }
+        if i < n {
+            let (mut a, mut b) = ([0.0f32; 4], [0.0f32; 4]);
+            a[..n - i].copy_from_slice(&y[i..n]);
+            b[..n - i].copy_from_slice(&x[i..n]);
+            let v = f(ld(&a), ld(&b));
+            st(&mut a, v);
+            y[i..n].copy_from_slice(&a[..n - i]);
+        }
+    }
+
+    /// e^x, four lanes: Cephes expf (n = round(x·log2 e), r = x − n·ln 2 in two
+    /// parts, degree-6 polynomial, scaled by 2^n in two steps). Relative error
+    /// ≤ 1e-6 against f64 on [-87.3, 88.72] (tested, about 2e-7 seen); below
+    /// −103.97 gives 0, above 88.7228 gives +inf, NaN stays NaN.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn exp4(x: __m128) -> __m128 {
+        let (hi, lo) = (_mm_set1_ps(88.72283), _mm_set1_ps(-103.97208));
+        let xc = _mm_min_ps(hi, _mm_max_ps(lo, x)); // NaN passes through (second operand)
+        let n = _mm_cvtps_epi32(_mm_mul_ps(xc, _mm_set1_ps(std::f32::consts::LOG2_E)));
+        let nf = _mm_cvtepi32_ps(n);
+        let r = _mm_sub_ps(
+            _mm_sub_ps(xc, _mm_mul_ps(nf, _mm_set1_ps(0.693_359_4))),
+            _mm_mul_ps(nf, _mm_set1_ps(-2.121_944_4e-4)),
+        );
+        let mut p = _mm_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            5.000_000_1e-1,
+        ] {
+            p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(c));
+        }
+        let y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), r), _mm_set1_ps(1.0));
+        let n1 = _mm_srai_epi32::<1>(n);
+        let pow2 = |k| _mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_add_epi32(k, _mm_set1_epi32(127))));
+        let v = _mm_mul_ps(_mm_mul_ps(y, pow2(n1)), pow2(_mm_sub_epi32(n, n1)));
+        let big = _mm_cmpgt_ps(x, hi);
+        let v = _mm_or_ps(_mm_andnot_ps(big, v), _mm_and_ps(big, _mm_set1_ps(f32::INFINITY)));
+        _mm_andnot_ps(_mm_cmplt_ps(x, lo), v)
+    }
+
+    /// Test hook: e^x of every element through `exp4`.
+    #[cfg(test)]
+    #[target_feature(enable = "sse2")]
+    pub fn vexp(x: &mut [f32]) {
+        map1(x, |v| exp4(v));
+    }
+
+    /// In-place softmax: vector exp, the sum in element order.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn softmax(x: &mut [f32]) {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let vm = _mm_set1_ps(max);
+        map1(x, |v| exp4(_mm_sub_ps(v, vm)));
+        // summed in element order, so every x86 build gives the same result
+        let sum = x.iter().fold(0.0f32, |s, &e| s + e);
+        let inv = _mm_set1_ps(1.0 / sum);
+        map1(x, |v| _mm_mul_ps(v, inv));
+    }
+
+    /// y += a·x
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let va = _mm_set1_ps(a);
+        map2(y, x, |yv, xv| _mm_add_ps(yv, _mm_mul_ps(va, xv)));
+    }
+
+    /// gate ← silu(gate) · up
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        let one = _mm_set1_ps(1.0);
+        map2(gate, up, |g, u| {
+            let e = exp4(_mm_sub_ps(_mm_setzero_ps(), g));
+            _mm_mul_ps(_mm_div_ps(g, _mm_add_ps(one, e)), u)
+        });
+    }
+
+    /// gate ← gelu_tanh(gate) · up, tanh(t) = 1 − 2/(e^{2t} + 1).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+        let (one, two, half) = (_mm_set1_ps(1.0), _mm_set1_ps(2.0), _mm_set1_ps(0.5));
+        let (k, c) = (_mm_set1_ps(0.797_884_6), _mm_set1_ps(0.044715));
+        map2(gate, up, |x, u| {
+            let t = _mm_mul_ps(k, _mm_add_ps(x, _mm_mul_ps(c, _mm_mul_ps(_mm_mul_ps(x, x), x))));
+            let th = _mm_sub_ps(one, _mm_div_ps(two, _mm_add_ps(exp4(_mm_add_ps(t, t)), one)));
+            _mm_mul_ps(_mm_mul_ps(_mm_mul_ps(half, x), _mm_add_ps(one, th)), u)
+        });
+    }
+
+    /// f16 → f32 conversion of a slice (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 4 <= n {
+            st(&mut dst[i..i + 4], ld_f16x4(&src[i..i + 4]));
+            i += 4;
+        }
+        for j in i..n {
+            dst[j] = f16_bits_to_f32(src[j].to_bits());
+        }
+    }
+}

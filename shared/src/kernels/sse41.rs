@@ -1,0 +1,59 @@
+//! SSSE3 + SSE4.1 kernels: int8 dots with `pmaddubsw` (u8 × i8 pairs to i16)
+//! then `pmaddwd` by ones; for Q8 the sign trick |w| × sign(x, w). The f32
+//! kernels are SSE2's (nothing in SSE4.1 speeds them up).
+
+#[cfg(test)]
+pub use super::sse2::vexp;
+pub use super::sse2::{axpy, dot_f16_f32, dot_f32, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax};
+
+entry_points!(dot_q8, dot_q4);
+
+mod imp {
+    use core::arch::x86_64::*;
+
+    use super::super::sse2::imp::{halves, hsum_i32, ld16};
+    use super::super::{q4_scale, q8_scale};
+    use crate::quant::{BlockQ8Act, Q4Block, Q8Block};
+
+    /// Σ of 16 u8 × i8 products in four i32 lanes. Exact while each pair sum
+    /// fits i16: |u| ≤ 128 with |s| ≤ 127, or u ≤ 15.
+    #[inline]
+    #[target_feature(enable = "ssse3,sse4.1")]
+    fn maddubs(u: __m128i, s: __m128i) -> __m128i {
+        _mm_madd_epi16(_mm_maddubs_epi16(u, s), _mm_set1_epi16(1))
+    }
+
+    /// Q8 weights · Q8 activations. Activation quants are in [-127, 127]
+    /// (`quantize_act`), so sign(x, w) never overflows and |w| ≤ 128 is exact.
+    #[inline]
+    #[target_feature(enable = "ssse3,sse4.1")]
+    pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = 0.0f32;
+        for (bw, bx) in w.iter().zip(x) {
+            let ((w0, w1), (x0, x1)) = (halves(bw.quants()), halves(&bx.qs));
+            let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
+            let s = _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1)));
+            acc += (q8_scale(bw) * bx.d) * hsum_i32(s) as f32; // `portable`'s order
+        }
+        acc
+    }
+
+    /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).
+    #[inline]
+    #[target_feature(enable = "ssse3,sse4.1")]
+    pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = 0.0f32;
+        let m = _mm_set1_epi8(0x0f);
+        for (bw, bx) in w.iter().zip(x) {
+            let n = ld16(bw.nibbles());
+            let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+            let (x0, x1) = halves(&bx.qs);
+            let s = _mm_add_epi32(_mm_cvtsi32_si128(-8 * bx.sum), maddubs(lo, x0));
+            let s = _mm_add_epi32(s, maddubs(hi, x1));
+            acc += (q4_scale(bw) * bx.d) * hsum_i32(s) as f32; // `portable`'s order
+        }
+        acc
+    }
+}

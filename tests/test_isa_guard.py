@@ -1,0 +1,155 @@
+"""The per-ISA x86-64 executables (dist/linux-x86_64/ml_<isa>, built by
+`cargo xtask dist linux-x86_64`, which `cargo xtask test` runs first) on
+emulated older CPUs with qemu-user:
+
+* the start-up guard: a build whose features the CPU lacks exits 3 before main
+  with one line naming the missing feature; a build that fits runs;
+* the sse2 and sse41 builds end to end on qemu64 / Nehalem give the native
+  build's logits (all builds share the integer math) within 1e-4;
+* the launcher ml_run picks the fastest build the (emulated) CPU can run.
+
+Needs qemu-user (`apt-get install qemu-user`). Without qemu-x86_64 or the dist
+builds the tests skip, except in CI (env CI set), where they fail.
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REPO, run_tool
+
+DIST = REPO / "dist" / "linux-x86_64"
+VARIANTS = ["sse2", "sse41", "avx2", "avx512vnni"]
+QEMU = shutil.which("qemu-x86_64")
+
+# qemu CPU model -> variant -> None (runs) or the feature the guard must name.
+EXPECT = {
+    "qemu64": {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"},
+    "core2duo": {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"},
+    "Nehalem": {"sse2": None, "sse41": None, "avx2": "avx2", "avx512vnni": "avx512vnni"},
+    "Haswell": {"sse2": None, "sse41": None, "avx2": None, "avx512vnni": "avx512vnni"},
+}
+
+
+def _unavailable(reason):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def qemu():
+    if not (QEMU and pathlib.Path(QEMU).is_file()):
+        _unavailable("qemu-x86_64 is not installed (apt-get install qemu-user)")
+    return QEMU
+
+
+@pytest.fixture(scope="module")
+def dist():
+    missing = [n for n in VARIANTS + ["run"] if not (DIST / f"ml_{n}").is_file()]
+    if missing:
+        _unavailable(f"no {', '.join('ml_' + n for n in missing)} in {DIST}: run `cargo xtask dist linux-x86_64`")
+    return DIST
+
+
+def under_qemu(qemu, cpu, exe, *args, timeout=600):
+    return subprocess.run([qemu, "-cpu", cpu, str(exe), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def krafla_lines(stderr):
+    """stderr without qemu's own warnings (e.g. features TCG cannot emulate)."""
+    return [l for l in stderr.splitlines() if l.strip() and not l.startswith("qemu-x86_64:")]
+
+
+@pytest.mark.parametrize("cpu", list(EXPECT))
+@pytest.mark.parametrize("isa", VARIANTS)
+def test_guard_on_emulated_cpu(qemu, dist, cpu, isa):
+    p = under_qemu(qemu, cpu, dist / f"ml_{isa}", "--version", timeout=120)
+    missing = EXPECT[cpu][isa]
+    if missing is None:
+        assert p.returncode == 0, f"ml_{isa} on {cpu}: exit {p.returncode}\n{p.stderr}"
+        assert "ml_run" in p.stdout  # clap's --version: main was reached
+    else:
+        want = (f"krafla: this build ({isa}) needs the CPU feature '{missing}', which this CPU lacks; "
+                f"run ml_run to pick a build that fits")
+        assert p.returncode == 3, f"ml_{isa} on {cpu}: exit {p.returncode}, stderr {p.stderr!r}"
+        assert krafla_lines(p.stderr) == [want]
+        assert p.stdout == "", "main must not have run"
+
+
+def test_guard_passes_natively(dist):
+    """Each build this CPU supports runs; the others fail cleanly with exit 3."""
+    for isa in VARIANTS:
+        p = subprocess.run([str(dist / f"ml_{isa}"), "--version"], capture_output=True, text=True, timeout=60)
+        assert p.returncode in (0, 3), f"ml_{isa}: exit {p.returncode}\n{p.stderr}"
+        if p.returncode == 3:
+            assert p.stderr.startswith(f"krafla: this build ({isa}) needs the CPU feature '")
+
+
+def test_builds_are_static(dist):
+    for name in VARIANTS + ["run"]:
+        out = subprocess.run(["file", "-L", str(dist / f"ml_{name}")], capture_output=True, text=True).stdout
+        if not out:
+            pytest.skip("`file` is not installed")
+        assert "dynamically linked" not in out or "static-pie" in out, f"ml_{name}: {out}"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("isa")
+    out = {}
+    for qtype in ["q8_0", "q4_0"]:
+        out[qtype] = root / f"llama2-{qtype}.mlb"
+        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", out[qtype], "--type", qtype)
+    return out
+
+
+IDS = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35"
+
+
+def logits(cmd, mlb, out):
+    p = subprocess.run([*cmd, str(mlb), "--prompt-ids", IDS, "--logits-out", str(out), "-n", "4", "-t", "2"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"{cmd}: exit {p.returncode}\n{p.stderr}"
+    return np.fromfile(out, dtype="<f4"), p.stderr
+
+
+def native_best(dist):
+    for isa in reversed(VARIANTS):
+        if subprocess.run([str(dist / f"ml_{isa}"), "--version"], capture_output=True).returncode == 0:
+            return isa
+    raise AssertionError("no build runs natively")
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_emulated_old_builds_match_native_logits(qemu, dist, tiny, qtype, tmp_path):
+    best = native_best(dist)
+    want, err = logits([str(dist / f"ml_{best}")], tiny[qtype], tmp_path / "native.f32")
+    assert f"isa {best}," in err
+    for isa, cpu in [("sse2", "qemu64"), ("sse41", "Nehalem")]:
+        got, err = logits([qemu, "-cpu", cpu, str(dist / f"ml_{isa}")], tiny[qtype], tmp_path / f"{isa}.f32")
+        assert f"isa {isa}," in err
+        assert got.shape == want.shape
+        diff = float(np.abs(got - want).max())
+        assert diff <= 1e-4, f"{qtype}: ml_{isa} on {cpu} vs native ml_{best}: max |logit diff| {diff:.2e}"
+    # and every native build agrees with the best one
+    for isa in VARIANTS:
+        if subprocess.run([str(dist / f"ml_{isa}"), "--version"], capture_output=True).returncode != 0:
+            continue
+        got, _ = logits([str(dist / f"ml_{isa}")], tiny[qtype], tmp_path / f"n-{isa}.f32")
+        diff = float(np.abs(got - want).max())
+        assert diff <= 1e-4, f"{qtype}: native ml_{isa} vs ml_{best}: max |logit diff| {diff:.2e}"
+
+
+@pytest.mark.parametrize("cpu,want", [("qemu64", "sse2"), ("core2duo", "sse2"), ("Nehalem", "sse41"),
+                                      ("Haswell", "avx2")])
+def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny, cpu, want):
+    # qemu-user emulates ml_run's CPUID; the build it execs runs natively and
+    # reports its ISA on the start-up line.
+    p = under_qemu(qemu, cpu, dist / "ml_run", tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0")
+    assert p.returncode == 0, p.stderr
+    assert f"krafla: isa {want}," in p.stderr, p.stderr
