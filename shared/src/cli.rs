@@ -164,11 +164,16 @@ fn run(args: Args) -> Result<(), String> {
     if threads == 0 {
         return Err("-t must be at least 1".into());
     }
-    rayon::ThreadPoolBuilder::new()
+    let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
-        .build_global()
+        .build()
         .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+    // Everything below runs on a pool thread, so parallel loops start inside the pool.
+    pool.install(|| run_model(&args, tokenizer, text, threads))
+}
 
+/// Loads the model and runs the chosen mode (bench, perplexity, logits, generation).
+fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, threads: usize) -> Result<(), String> {
     let model_path = args.model.as_ref().ok_or("no model given (ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)")?;
     let model = Model::load(model_path)?;
     let cfg = &model.config;

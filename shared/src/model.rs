@@ -9,7 +9,7 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::kernels::{arch, matmul, Input, MatRef, WeightData};
+use crate::kernels::{arch, matmul, matmul_group, Input, MatRef, WeightData};
 use crate::mlb::{Mlb, TensorInfo, TensorType};
 use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32};
 
@@ -572,11 +572,13 @@ impl Model {
             // ---- feed-forward ----
             rmsnorm_rows(&x, &layer.ffn_norm, c.norm_eps, &mut xn, d);
             let input = Input::new(&xn, d);
-            matmul(&self.mat(&layer.ffn_gate), &input, &mut gate);
-            matmul(&self.mat(&layer.ffn_up), &input, &mut up);
-            gate.par_chunks_mut(c.ffn_dim).zip(up.par_chunks(c.ffn_dim)).for_each(|(g, u)| match c.activation {
-                Activation::Silu => arch::silu_mul(g, u),
-                Activation::GeluTanh => arch::gelu_tanh_mul(g, u),
+            let (wg, wu) = (self.mat(&layer.ffn_gate), self.mat(&layer.ffn_up));
+            matmul_group(&mut [(&wg, &mut gate[..]), (&wu, &mut up[..])], &input);
+            gate.par_chunks_mut(c.ffn_dim).zip(up.par_chunks(c.ffn_dim)).with_min_len(8).for_each(|(g, u)| {
+                match c.activation {
+                    Activation::Silu => arch::silu_mul(g, u),
+                    Activation::GeluTanh => arch::gelu_tanh_mul(g, u),
+                }
             });
             matmul(&self.mat(&layer.ffn_down), &Input::new(&gate, c.ffn_dim), &mut proj);
             if let Some(w) = &layer.ffn_post_norm {
@@ -616,9 +618,8 @@ impl Model {
         let mut q = vec![0.0f32; n_tok * w.q.rows];
         let mut k = vec![0.0f32; n_tok * kv_dim];
         let mut v = vec![0.0f32; n_tok * kv_dim];
-        matmul(&self.mat(&w.q), &input, &mut q);
-        matmul(&self.mat(&w.k), &input, &mut k);
-        matmul(&self.mat(&w.v), &input, &mut v);
+        let (wq, wk, wv) = (self.mat(&w.q), self.mat(&w.k), self.mat(&w.v));
+        matmul_group(&mut [(&wq, &mut q[..]), (&wk, &mut k[..]), (&wv, &mut v[..])], &input);
         add_bias_rows(&mut q, w.q_bias.as_deref());
         add_bias_rows(&mut k, w.k_bias.as_deref());
         add_bias_rows(&mut v, w.v_bias.as_deref());
@@ -669,10 +670,8 @@ impl Model {
         let mut z = vec![0.0f32; n_tok * dn.value_dim()]; // [T][nv·dv]
         let mut b = vec![0.0f32; n_tok * nv];
         let mut a = vec![0.0f32; n_tok * nv];
-        matmul(&self.mat(&w.qkv), &input, &mut mixed);
-        matmul(&self.mat(&w.z), &input, &mut z);
-        matmul(&self.mat(&w.b), &input, &mut b);
-        matmul(&self.mat(&w.a), &input, &mut a);
+        let (wqkv, wz, wb, wa) = (self.mat(&w.qkv), self.mat(&w.z), self.mat(&w.b), self.mat(&w.a));
+        matmul_group(&mut [(&wqkv, &mut mixed[..]), (&wz, &mut z[..]), (&wb, &mut b[..]), (&wa, &mut a[..])], &input);
 
         let slot = st.slot[l];
         let hist = kw - 1;
@@ -820,7 +819,7 @@ impl Loader<'_> {
 }
 
 fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, r)| arch::rmsnorm(r, w, eps, 0.0, o));
+    out.par_chunks_mut(d).zip(x.par_chunks(d)).with_min_len(8).for_each(|(o, r)| arch::rmsnorm(r, w, eps, 0.0, o));
 }
 
 fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
@@ -906,7 +905,10 @@ impl RopeTables {
 fn attention(c: &Config, q: &[f32], k_layer: &[f32], v_layer: &[f32], pos0: usize, window: usize, out: &mut [f32]) {
     let (hd, kv_dim) = (c.head_dim, c.kv_dim());
     let group = c.n_heads / c.n_kv_heads;
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+    // Short contexts are cheaper on one thread than split across several.
+    let positions = pos0 + q.len() / (c.n_heads * hd);
+    let min_len = (4096 / (positions * hd).max(1)).clamp(1, c.n_heads);
+    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each(|(idx, o)| {
         let (t, h) = (idx / c.n_heads, idx % c.n_heads);
         let pos = pos0 + t;
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };

@@ -294,35 +294,52 @@ const ROW_TILE: usize = 16;
 /// batch size, so results are bit-identical across both. Weight rows are
 /// walked in tiles, each tile applied to every token while it is in cache.
 pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
+    matmul_group(&mut [(w, out)], input);
+}
+
+/// Several matmuls sharing one input (q/k/v, gate/up) in one parallel region.
+///
+/// For one token the rows of all matrices are cut into a few contiguous
+/// chunks per thread; for a batch each matrix is walked in row tiles, each
+/// tile applied to every token while it is in cache. Either way every output
+/// element is one `row_dot` call.
+pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
     let n_tok = input.n_tokens();
-    assert_eq!(
-        input.cols, w.cols,
-        "matmul: input width does not match the weight matrix"
-    );
-    assert_eq!(out.len(), n_tok * w.rows);
-    let xq: &[BlockQ8Act] = if w.is_quantized() { input.q8() } else { &[] };
-    let bpr = w.cols / QK; // activation blocks per token
+    for (w, out) in items.iter() {
+        assert_eq!(input.cols, w.cols, "matmul: input width does not match the weight matrix");
+        assert_eq!(out.len(), n_tok * w.rows);
+    }
+    let any_quantized = items.iter().any(|(w, _)| w.is_quantized());
+    let xq: &[BlockQ8Act] = if any_quantized { input.q8() } else { &[] };
+    let cols = input.cols;
+    let bpr = cols / QK; // activation blocks per token
     let one_token = |t: usize| -> (&[f32], &[BlockQ8Act]) {
-        let x = &input.x[t * w.cols..(t + 1) * w.cols];
+        let x = &input.x[t * cols..(t + 1) * cols];
         let q = if xq.is_empty() { xq } else { &xq[t * bpr..(t + 1) * bpr] };
         (x, q)
     };
     if n_tok == 1 {
         let (x, q) = one_token(0);
-        out.par_chunks_mut(ROW_TILE).enumerate().for_each(|(tile, o)| {
+        let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
+        let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE);
+        let mut tasks: Vec<(&MatRef, usize, &mut [f32])> = Vec::new();
+        for (w, out) in items.iter_mut() {
+            for (i, o) in out.chunks_mut(chunk).enumerate() {
+                tasks.push((*w, i * chunk, o));
+            }
+        }
+        tasks.into_par_iter().for_each(|(w, r0, o)| {
             for (i, v) in o.iter_mut().enumerate() {
-                *v = w.row_dot(tile * ROW_TILE + i, x, q);
+                *v = w.row_dot(r0 + i, x, q);
             }
         });
         return;
     }
-    // Token-major results are gathered per row tile ([rows][tokens]) and
-    // transposed afterwards, so every task writes one contiguous chunk.
-    let mut by_row = vec![0.0f32; out.len()];
-    by_row
-        .par_chunks_mut(ROW_TILE * n_tok)
-        .enumerate()
-        .for_each(|(tile, o)| {
+    for (w, out) in items.iter_mut() {
+        // Results are gathered per row tile ([rows][tokens]) and transposed
+        // afterwards, so every task writes one contiguous chunk.
+        let mut by_row = vec![0.0f32; out.len()];
+        by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
             let r0 = tile * ROW_TILE;
             let rows = o.len() / n_tok;
             for t in 0..n_tok {
@@ -332,9 +349,10 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
                 }
             }
         });
-    for t in 0..n_tok {
-        for r in 0..w.rows {
-            out[t * w.rows + r] = by_row[r * n_tok + t];
+        for t in 0..n_tok {
+            for r in 0..w.rows {
+                out[t * w.rows + r] = by_row[r * n_tok + t];
+            }
         }
     }
 }

@@ -129,10 +129,9 @@ impl Engine {
         let (tx, rx) = sync_channel::<Job>(max_queue);
         let queue = Queue { tx, waiting: Arc::new(AtomicUsize::new(0)), busy: Arc::new(AtomicBool::new(false)) };
         let (waiting, busy) = (queue.waiting.clone(), queue.busy.clone());
-        std::thread::Builder::new()
-            .name("krafla-engine".into())
-            .spawn(move || self.work(rx, &waiting, &busy))
-            .map_err(|e| format!("cannot start the generation thread: {e}"))?;
+        // The worker runs on a thread of the global pool, so the forward pass's
+        // parallel loops start from inside the pool instead of handing work to it.
+        rayon::spawn(move || self.work(rx, &waiting, &busy));
         Ok(queue)
     }
 
