@@ -4,6 +4,7 @@ Each fixture is converted with tools/convert.py and run through the Krafla
 executable with --prompt-ids / --logits-out / --print-ids.
 """
 import base64
+import re
 import json
 
 import numpy as np
@@ -79,3 +80,31 @@ def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converte
     for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 5)]:
         other = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
         assert other == base, f"{qtype}: logits differ at -t {threads} --batch {batch}"
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+def test_kv_cache_types(kv, converted, tmp_path):
+    """--kv f16/q8 stay close to the f32 cache and keep logits identical across threads and batches."""
+    family = "gemma3-local-global"  # head_dim 32: a whole Q8_0 block per head
+    ids, want, _ = reference(family)
+    mlb = converted(family, "f32")
+    f32 = logits_of(mlb, ids, tmp_path).reshape(want.shape)
+    got = logits_of(mlb, ids, tmp_path, "--kv", kv).reshape(want.shape)
+    if kv == "f16":
+        assert np.abs(got - f32).max() <= 1e-2
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.9
+    base = got.tobytes()
+    for threads, batch in [(2, 5), (3, 1)]:
+        other = logits_of(mlb, ids, tmp_path, "--kv", kv, "-t", threads, "--batch", batch).tobytes()
+        assert other == base, f"--kv {kv}: logits differ at -t {threads} --batch {batch}"
+
+
+def test_kv_memory_matches_the_formula(converted):
+    """Startup line: KV bytes = 2 × attention layers × ctx × n_kv_heads × head_dim × bytes per value."""
+    mlb = converted("llama2", "q8_0")  # 4 layers, 4 kv heads of 16
+    for kv, per_value in [("f32", 4), ("f16", 2)]:
+        p = run_ml(mlb, "--prompt-ids", "1,2", "-n", "0", "--ctx", "256", "--kv", kv)
+        mib = float(re.search(r"\+ ([0-9.]+) MiB KV cache", p.stderr).group(1))
+        assert abs(mib - 2 * 4 * 256 * 4 * 16 * per_value / 2**20) < 0.05, p.stderr
+    p = run_ml(mlb, "--prompt-ids", "1,2", "-n", "0", "--kv", "q8", check=False)
+    assert p.returncode == 2 and "multiple of 32" in p.stderr

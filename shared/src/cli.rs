@@ -66,6 +66,9 @@ pub struct Args {
     /// Write f32 little-endian logits of every prompt position ([T][V]) to FILE.
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
+    /// KV cache type: f32, f16 (half the memory) or q8 (Q8_0 blocks, ~3.8× smaller than f32).
+    #[arg(long = "kv", default_value = "f32")]
+    pub kv: String,
     /// Prompt tokens evaluated per forward call.
     #[arg(long, default_value_t = 512)]
     pub batch: usize,
@@ -198,6 +201,7 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
             repetitions: args.bench_reps,
             batch: args.batch,
             threads,
+            kv: crate::kvcache::KvType::parse(&args.kv)?,
         };
         return crate::measure::bench(&model, &name, &cfg);
     }
@@ -208,7 +212,7 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
         if ctx < 4 || ctx > cfg.context_length {
             return Err(format!("--ctx {ctx} must be within 4..={}", cfg.context_length));
         }
-        crate::measure::perplexity(&model, tok, &text, ctx, args.batch)?;
+        crate::measure::perplexity(&model, tok, &text, ctx, args.batch, crate::kvcache::KvType::parse(&args.kv)?)?;
         return Ok(());
     }
 
@@ -232,15 +236,17 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
     if prompt.len() > ctx {
         return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
     }
-    let mut state = State::new(cfg, ctx)?;
+    let kv_type = crate::kvcache::KvType::parse(&args.kv)?;
+    let mut state = State::with_kv(cfg, ctx, kv_type)?;
     let weights_mib = model.file.file_len() as f64 / 1048576.0;
     eprintln!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights (mapped) + {:.1} MiB KV cache",
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights (mapped) + {:.1} MiB KV cache ({})",
         model_path.display(),
         cfg.arch,
         model.n_params() as f64 / 1e6,
         weights_mib,
-        state.bytes() as f64 / 1048576.0
+        state.bytes() as f64 / 1048576.0,
+        kv_type.name()
     );
 
     // ---- prompt ----

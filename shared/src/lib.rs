@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod cli;
 pub mod kernels;
+pub mod kvcache;
 pub mod measure;
 pub mod mlb;
 pub mod model;

@@ -6,6 +6,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::kernels::ISA;
+use crate::kvcache::KvType;
 use crate::model::{LogitsFor, Model, State};
 use crate::tokenizer::Tokenizer;
 
@@ -16,6 +17,7 @@ pub struct BenchConfig {
     pub repetitions: usize,
     pub batch: usize,
     pub threads: usize,
+    pub kv: KvType,
 }
 
 /// Mean and sample standard deviation.
@@ -72,7 +74,7 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
         let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), c.vocab_size);
         let mut rates = Vec::new();
         for _ in 0..cfg.repetitions {
-            let mut st = State::new(c, ctx)?;
+            let mut st = State::with_kv(c, ctx, cfg.kv)?;
             let t = Instant::now();
             for (i, chunk) in tokens.chunks(cfg.batch).enumerate() {
                 let last = (i + 1) * cfg.batch >= tokens.len();
@@ -87,7 +89,7 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
         let n = cfg.gen_tokens.min(ctx - 1);
         let mut rates = Vec::new();
         for _ in 0..cfg.repetitions {
-            let mut st = State::new(c, ctx)?;
+            let mut st = State::with_kv(c, ctx, cfg.kv)?;
             let mut token = bench_tokens(1, c.vocab_size)[0];
             let t = Instant::now();
             for _ in 0..n {
@@ -117,7 +119,7 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
 /// Perplexity as llama.cpp's `perplexity` tool computes it: non-overlapping
 /// chunks of `ctx` tokens, BOS replacing the first token of each chunk when
 /// the tokenizer adds one, only the second half of each chunk scored.
-pub fn perplexity(model: &Model, tokenizer: &Tokenizer, text: &str, ctx: usize, batch: usize) -> Result<f64, String> {
+pub fn perplexity(model: &Model, tokenizer: &Tokenizer, text: &str, ctx: usize, batch: usize, kv: KvType) -> Result<f64, String> {
     let c = &model.config;
     let tokens = tokenizer.encode(text, true);
     let bos = tokenizer.encode("", true).first().copied().filter(|&b| Some(b) == tokenizer.bos_id());
@@ -128,7 +130,7 @@ pub fn perplexity(model: &Model, tokenizer: &Tokenizer, text: &str, ctx: usize, 
     let first = ctx / 2;
     eprintln!("perplexity: {} tokens, {n_chunks} chunks of {ctx}, scoring the last {} of each", tokens.len(), ctx - 1 - first);
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
-    let mut st = State::new(c, ctx)?;
+    let mut st = State::with_kv(c, ctx, kv)?;
     for i in 0..n_chunks {
         let mut chunk = tokens[i * ctx..(i + 1) * ctx].to_vec();
         if let Some(b) = bos {

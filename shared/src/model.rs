@@ -9,6 +9,7 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::kvcache::{KvCache, KvType};
 use crate::kernels::{arch, matmul, matmul_group, Input, MatRef, WeightData};
 use crate::mlb::{Mlb, TensorInfo, TensorType};
 use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32};
@@ -350,8 +351,7 @@ pub struct State {
     pub ctx: usize,
     /// Per layer: index of its slot in the KV cache or in the recurrent state.
     slot: Vec<usize>,
-    k_cache: Vec<f32>,   // [attention layers][ctx][Hkv·hd]
-    v_cache: Vec<f32>,   // [attention layers][ctx][Hkv·hd]
+    kv: KvCache,          // [attention layers][ctx][Hkv·hd], keys and values
     conv_state: Vec<f32>, // [DeltaNet layers][K−1][C]: the last K−1 projected inputs, oldest first
     ssm_state: Vec<f32>,  // [DeltaNet layers][nv][dk][dv]
 }
@@ -365,7 +365,12 @@ fn alloc_zeroed(n: usize, what: &str) -> Result<Vec<f32>, String> {
 }
 
 impl State {
+    /// A state with an f32 KV cache.
     pub fn new(config: &Config, ctx: usize) -> Result<State, String> {
+        Self::with_kv(config, ctx, KvType::F32)
+    }
+
+    pub fn with_kv(config: &Config, ctx: usize, kv_type: KvType) -> Result<State, String> {
         let mut slot = Vec::with_capacity(config.n_layers);
         let (mut n_attn, mut n_dn) = (0usize, 0usize);
         for kind in &config.layer_kinds {
@@ -374,15 +379,13 @@ impl State {
             *counter += 1;
         }
         let dn = config.deltanet;
-        let kv = n_attn.checked_mul(ctx).and_then(|v| v.checked_mul(config.kv_dim())).ok_or("KV cache size overflows")?;
         let conv = n_dn * dn.conv_kernel.saturating_sub(1) * dn.conv_dim();
         let ssm = n_dn * dn.n_v_heads * dn.k_head_dim * dn.v_head_dim;
         Ok(State {
             pos: 0,
             ctx,
             slot,
-            k_cache: alloc_zeroed(kv, "key cache")?,
-            v_cache: alloc_zeroed(kv, "value cache")?,
+            kv: KvCache::new(kv_type, n_attn, ctx, config.kv_dim(), config.head_dim)?,
             conv_state: alloc_zeroed(conv, "convolution state")?,
             ssm_state: alloc_zeroed(ssm, "recurrent state")?,
         })
@@ -390,7 +393,7 @@ impl State {
 
     /// Bytes held by the caches and recurrent state.
     pub fn bytes(&self) -> usize {
-        (self.k_cache.len() + self.v_cache.len() + self.conv_state.len() + self.ssm_state.len()) * 4
+        self.kv.bytes() + (self.conv_state.len() + self.ssm_state.len()) * 4
     }
 
     /// True when the model has recurrent (DeltaNet) state, which cannot be
@@ -639,16 +642,11 @@ impl Model {
             rope.apply(table, &mut k, hd);
         }
 
-        // Append keys and values to this layer's cache slot: [ctx][Hkv·hd].
-        let base = st.slot[l] * st.ctx * kv_dim;
-        let at = base + st.pos * kv_dim;
-        st.k_cache[at..at + n_tok * kv_dim].copy_from_slice(&k);
-        st.v_cache[at..at + n_tok * kv_dim].copy_from_slice(&v);
-        let k_layer = &st.k_cache[base..base + st.ctx * kv_dim];
-        let v_layer = &st.v_cache[base..base + st.ctx * kv_dim];
+        // Append keys and values to this layer's cache slot.
+        st.kv.write(st.slot[l], st.pos, &k, &v);
         let window = if sliding { c.sliding_window } else { 0 };
         let mut att = vec![0.0f32; n_tok * c.q_dim()];
-        attention(c, &queries, k_layer, v_layer, st.pos, window, &mut att);
+        attention(c, &queries, &st.kv, st.slot[l], st.pos, window, &mut att);
         if c.attn_output_gate {
             for (a, g) in att.iter_mut().zip(&gates) {
                 *a *= 1.0 / (1.0 + (-*g).exp());
@@ -901,9 +899,10 @@ impl RopeTables {
 }
 
 /// Causal (optionally windowed) multi-head attention of T new queries over the
-/// cache; writes [T][H·hd]. One task per (token, head): fixed order inside.
-fn attention(c: &Config, q: &[f32], k_layer: &[f32], v_layer: &[f32], pos0: usize, window: usize, out: &mut [f32]) {
-    let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+/// cache slot of this layer; writes [T][H·hd]. One task per (token, head):
+/// fixed order inside.
+fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, window: usize, out: &mut [f32]) {
+    let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
     // Short contexts are cheaper on one thread than split across several.
     let positions = pos0 + q.len() / (c.n_heads * hd);
@@ -912,18 +911,19 @@ fn attention(c: &Config, q: &[f32], k_layer: &[f32], v_layer: &[f32], pos0: usiz
         let (t, h) = (idx / c.n_heads, idx % c.n_heads);
         let pos = pos0 + t;
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-        let qh = &q[(t * c.n_heads + h) * hd..][..hd];
+        let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
         let kv_off = (h / group) * hd;
         let mut scores: Vec<f32> = (first..=pos)
             .map(|p| {
-                let s = arch::dot_f32(qh, &k_layer[p * kv_dim + kv_off..][..hd]) * c.query_scale;
+                let s = kv.score(slot, p, kv_off, &query) * c.query_scale;
                 if c.attn_softcap > 0.0 { c.attn_softcap * (s / c.attn_softcap).tanh() } else { s }
             })
             .collect();
         arch::softmax(&mut scores);
         o.fill(0.0);
+        let mut scratch = vec![0.0f32; hd];
         for (p, &w) in (first..=pos).zip(&scores) {
-            arch::axpy(w, &v_layer[p * kv_dim + kv_off..][..hd], o);
+            kv.accumulate_value(slot, p, kv_off, w, o, &mut scratch);
         }
     });
 }

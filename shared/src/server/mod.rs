@@ -66,6 +66,9 @@ pub struct ServerArgs {
     /// Context length (default: 4096 or the model's maximum if smaller).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// KV cache type: f32, f16 or q8.
+    #[arg(long = "kv", default_value = "f32")]
+    pub kv: String,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -176,7 +179,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
         Some(n) => n,
         None => cfg.context_length.min(4096),
     };
-    let state = State::new(&cfg, ctx)?;
+    let state = State::with_kv(&cfg, ctx, crate::kvcache::KvType::parse(&args.kv)?)?;
     let state_mib = state.bytes() as f64 / 1048576.0;
     let weights_mib = model.file.file_len() as f64 / 1048576.0;
     let tokenizer = Arc::new(tokenizer);
