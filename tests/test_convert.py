@@ -1,0 +1,440 @@
+"""Tests for tools/convert.py, tools/mlb.py and the numpy reference forward
+(tools/q4_experiment.py)."""
+import base64
+import json
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, TOOLS, run_tool
+
+sys.path.insert(0, str(TOOLS))
+import convert  # noqa: E402
+import llama2c  # noqa: E402
+import mlb  # noqa: E402
+import q4_experiment as qe  # noqa: E402
+
+TINY = FIXTURES / "hf-tiny"
+FAMILIES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists()) if TINY.exists() else []
+
+
+def _f16(x):
+    return np.float32(np.float16(x))
+
+
+# --------------------------------------------------------------------------
+# block packing against straightforward per-block references
+
+def ref_q8_0(x, f32_scale=False):
+    out = bytearray()
+    for blk in np.asarray(x, np.float32).reshape(-1, 32):
+        amax = float(np.max(np.abs(blk)))
+        d = np.float32(amax / 127.0)
+        q = [int(np.rint(v / d)) if d else 0 for v in blk]
+        out += struct.pack("<f" if f32_scale else "<e", d)
+        out += struct.pack("<32b", *q)
+    return bytes(out)
+
+
+def ref_q4_0_max(x, f32_scale=False):
+    out = bytearray()
+    for blk in np.asarray(x, np.float32).reshape(-1, 32):
+        i = int(np.argmax(np.abs(blk)))
+        d = np.float32(blk[i] / -8.0)
+        idv = np.float32(1.0 / d) if d else np.float32(0)
+        q = [min(15, int(np.float32(v) * idv + np.float32(8.5))) for v in blk]
+        out += struct.pack("<f" if f32_scale else "<e", d)
+        out += bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("f32_scale", [False, True])
+def test_q8_0_packing_matches_reference(f32_scale):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 64)).astype(np.float32) * rng.uniform(0.01, 3, (6, 1)).astype(np.float32)
+    x[2, :32] = 0.0  # all-zero block
+    tt = mlb.Q8_0_F32 if f32_scale else mlb.Q8_0
+    raw = mlb.encode(x, tt)
+    assert raw == ref_q8_0(x, f32_scale)
+    assert len(raw) == mlb.tensor_nbytes(tt, x.shape)
+    y = mlb.decode(raw, tt, x.shape)
+    d = np.abs(x).reshape(-1, 32).max(1) / 127
+    err = np.abs(y - x).reshape(-1, 32).max(1)
+    assert np.all(err <= d * 0.5 * 1.01 + (d * 2e-3 if not f32_scale else 0) + 1e-12)
+
+
+@pytest.mark.parametrize("f32_scale", [False, True])
+def test_q4_0_max_packing_matches_reference(f32_scale):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    x[1, 32:64] = 0.0
+    tt = mlb.Q4_0_F32 if f32_scale else mlb.Q4_0
+    raw = mlb.encode(x, tt, "max")
+    assert raw == ref_q4_0_max(x, f32_scale)
+    # decode with the FORMAT.md nibble order, by hand
+    bb = 20 if f32_scale else 18
+    sd = "<f" if f32_scale else "<e"
+    y = []
+    for b in range(len(raw) // bb):
+        blk = raw[b * bb:(b + 1) * bb]
+        d = struct.unpack(sd, blk[:bb - 16])[0]
+        lo = [(c & 15) - 8 for c in blk[bb - 16:]]
+        hi = [(c >> 4) - 8 for c in blk[bb - 16:]]
+        y += [d * v for v in lo + hi]
+    np.testing.assert_array_equal(mlb.decode(raw, tt, x.shape), np.asarray(y, np.float32).reshape(x.shape))
+
+
+def test_q4_fit_never_worse_than_max():
+    rng = np.random.default_rng(3)
+    blocks = [rng.standard_normal((2000, 32)),
+              rng.standard_t(3, (2000, 32)),
+              rng.uniform(-1, 1, (2000, 32)) * 1e-3,
+              rng.laplace(size=(2000, 32))]
+    b = np.concatenate(blocks).astype(np.float32)
+    b[:50] = 0.0
+    b[50:100, 5] *= 20  # outliers
+    for tt in (mlb.Q4_0, mlb.Q4_0_F32):
+        e_fit = ((mlb.roundtrip(b, tt, "fit") - b) ** 2).sum(1)
+        e_max = ((mlb.roundtrip(b, tt, "max") - b) ** 2).sum(1)
+        assert np.all(e_fit <= e_max * (1 + 1e-6) + 1e-30)
+        nz = e_max > 0
+        assert np.mean(e_fit[nz] / e_max[nz]) < 0.95  # and it actually helps on average
+    # with factors >= 1 the largest weight of each block is never clipped
+    sd = np.float16
+    d, q = mlb.q4_0_scales(b, "fit", sd, factors=np.linspace(1.0, 1.3, 25))
+    y = d.astype(np.float32)[:, None] * (q - 8.0)
+    r, i = np.arange(len(b)), np.abs(b).argmax(1)
+    assert np.all(np.abs(y - b)[r, i] <= 0.5 * np.abs(d.astype(np.float32)) * 1.0001 + 1e-12)
+
+
+def test_q4_fit_weighted():
+    rng = np.random.default_rng(4)
+    b = rng.standard_normal((3000, 32)).astype(np.float32)
+    w = rng.uniform(0, 4, (3000, 32)).astype(np.float32) ** 2
+    d0, q0 = mlb.q4_0_scales(b, "max")
+    d1, q1 = mlb.q4_0_scales(b, "fit", weights=w)
+    d2, q2 = mlb.q4_0_scales(b, "fit", weights=np.ones_like(w))
+    d3, q3 = mlb.q4_0_scales(b, "fit")
+    np.testing.assert_array_equal(d2, d3)
+    np.testing.assert_array_equal(q2, q3)
+    err = lambda d, q: (w * (b - d.astype(np.float32)[:, None] * (q - 8.0)) ** 2).sum(1)  # noqa: E731
+    assert np.all(err(d1, q1) <= err(d0, q0) * (1 + 1e-6))
+    assert err(d1, q1).sum() < err(d3, q3).sum()
+
+
+# --------------------------------------------------------------------------
+# converter errors
+
+def _assert_clean_failure(p, out):
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert len(lines) == 1, p.stderr
+    assert not os.path.exists(out)
+    assert not os.path.exists(str(out) + ".tmp")
+    return lines[0]
+
+
+def test_unknown_architecture(tmp_path):
+    src = tmp_path / "m"
+    shutil.copytree(TINY / "llama2", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "o.mlb"
+    line = _assert_clean_failure(run_tool("convert.py", src, "-o", out, check=False), out)
+    assert "gpt_neox" in line and "unsupported architecture" in line
+
+
+def test_missing_tensor(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    src = tmp_path / "m"
+    src.mkdir()
+    shutil.copy(TINY / "llama2" / "config.json", src / "config.json")
+    t = load_file(str(TINY / "llama2" / "model.safetensors"))
+    del t["model.layers.2.mlp.up_proj.weight"]
+    save_file(t, str(src / "model.safetensors"))
+    out = tmp_path / "o.mlb"
+    line = _assert_clean_failure(run_tool("convert.py", src, "-o", out, "--type", "q4_0", check=False), out)
+    assert "model.layers.2.mlp.up_proj.weight" in line
+
+
+def test_missing_lm_head_untied(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    src = tmp_path / "m"
+    src.mkdir()
+    shutil.copy(TINY / "llama2" / "config.json", src / "config.json")
+    t = load_file(str(TINY / "llama2" / "model.safetensors"))
+    del t["lm_head.weight"]
+    save_file(t, str(src / "model.safetensors"))
+    out = tmp_path / "o.mlb"
+    line = _assert_clean_failure(run_tool("convert.py", src, "-o", out, check=False), out)
+    assert "lm_head.weight" in line
+
+
+def _write_safetensors(path, tensors):
+    """Minimal safetensors writer (F32 or BF16 given as uint16 arrays)."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        dt = "BF16" if a.dtype == np.uint16 else "F32"
+        raw = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_hf_sharded_bf16_multimodal_layout(tmp_path):
+    """Sharded BF16 checkpoint with `model.language_model.` prefix, a
+    text_config wrapper and vision / mtp tensors that must be skipped."""
+    from safetensors.numpy import load_file
+    t = load_file(str(TINY / "llama2" / "model.safetensors"))
+    bf = {}
+    for n, a in t.items():
+        u = a.astype(np.float32).view(np.uint32)
+        b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+        nn = n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n
+        bf[nn] = b
+    bf["model.vision_tower.patch_embed.weight"] = np.zeros((4, 4), np.uint16)
+    bf["mtp.layers.0.mlp.up_proj.weight"] = np.zeros((4, 4), np.uint16)
+    names = sorted(bf)
+    src = tmp_path / "mm"
+    src.mkdir()
+    half = len(names) // 2
+    wm = {}
+    for k, part in enumerate((names[:half], names[half:])):
+        fn = f"model-0000{k + 1}-of-00002.safetensors"
+        _write_safetensors(src / fn, {n: bf[n] for n in part})
+        wm.update({n: fn for n in part})
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    inner = json.loads((TINY / "llama2" / "config.json").read_text())
+    cfg = {"model_type": "llava_like", "architectures": ["SomethingForConditionalGeneration"],
+           "text_config": inner, "vision_config": {"hidden_size": 4}}
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "m.mlb"
+    run_tool("convert.py", src, "-o", out, "--type", "f32")
+    m, W = qe.load_model(str(out))
+    m0, W0 = qe.load_model(str(TINY / "llama2"))
+    assert set(W) == set(W0)
+    for n in W0:
+        np.testing.assert_allclose(W[n], W0[n], rtol=2 ** -8, atol=1e-30, err_msg=n)
+    assert m["arch"] == "llama" and m["tie_embeddings"] == 0
+
+
+# --------------------------------------------------------------------------
+# config forms
+
+def _to_v4(cfg):
+    """Rewrite a transformers v5 config (rope_parameters) in the v4 form."""
+    c = dict(cfg)
+    rp = c.pop("rope_parameters")
+    if "full_attention" in rp:  # gemma3: per layer type
+        full, local = rp["full_attention"], rp["sliding_attention"]
+        c["rope_theta"] = full["rope_theta"]
+        c["rope_local_base_freq"] = local["rope_theta"]
+        if full.get("rope_type", "default") != "default":
+            c["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+        c.pop("layer_types", None)
+        c["sliding_window_pattern"] = c.pop("_sliding_window_pattern", 6)
+    else:
+        c["rope_theta"] = rp["rope_theta"]
+        if "partial_rotary_factor" in rp:
+            c["partial_rotary_factor"] = rp["partial_rotary_factor"]
+        rest = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if rest.get("rope_type", "default") != "default":
+            rest["type"] = rest.pop("rope_type")  # the older v4 spelling
+            c["rope_scaling"] = rest
+        else:
+            c["rope_scaling"] = None
+    return c
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_v4_and_v5_config_forms_agree(family):
+    cfg = json.loads((TINY / family / "config.json").read_text())
+    v5 = convert.hf_meta(cfg)
+    v4 = convert.hf_meta(_to_v4(cfg))
+    assert v4 == v5
+    if family == "gemma2-softcap":  # v4 Gemma 2 configs have no layer_types
+        c = _to_v4(cfg)
+        c.pop("layer_types")
+        assert convert.hf_meta(c) == v5
+
+
+def test_hf_metadata_details():
+    m = convert.hf_meta(json.loads((TINY / "llama3-scaled" / "config.json").read_text()))[1]
+    assert (m["rope_scaling"], m["rope_scaling_factor"], m["rope_original_context"]) == ("llama3", 32.0, 16)
+    m = convert.hf_meta(json.loads((TINY / "gemma3-local-global" / "config.json").read_text()))[1]
+    assert m["layer_kinds"] == [1, 1, 1, 1, 1, 0] and m["rope_local_theta"] == 10000.0
+    assert m["rope_theta"] == 1e6 and m["rope_scaling"] == "linear" and m["norm_unit_offset"] == 1
+    m = convert.hf_meta(json.loads((TINY / "qwen3_5-hybrid" / "config.json").read_text()))[1]
+    assert m["rope_dim"] == 8 and m["layer_kinds"] == [2, 2, 2, 0] and m["attn_output_gate"] == 1
+    m = convert.hf_meta(json.loads((TINY / "smollm3-nope" / "config.json").read_text()))[1]
+    assert m["layer_rope"] == [1, 1, 1, 0]
+    # multimodal wrapper: text_config is used
+    inner = json.loads((TINY / "gemma3-local-global" / "config.json").read_text())
+    outer = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+             "text_config": inner, "vision_config": {"hidden_size": 8}}
+    assert convert.hf_meta(outer) == convert.hf_meta(inner)
+
+
+# --------------------------------------------------------------------------
+# HF conversions vs transformers' logits (numpy reference forward)
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "qwen3_5-hybrid"])
+def test_hf_tiny_f32_matches_transformers(family, tmp_path):
+    out = tmp_path / "m.mlb"
+    p = run_tool("convert.py", TINY / family, "-o", out, "--type", "f32")
+    assert "token_embd" in p.stderr  # progress lines
+    assert not os.path.exists(str(out) + ".tmp")
+    diff = qe.check_tiny(*qe.load_model(str(out)), TINY / family / "reference.json")
+    assert diff < 1e-3
+
+
+def test_qwen3_5_converts(tmp_path):
+    out = tmp_path / "m.mlb"
+    run_tool("convert.py", TINY / "qwen3_5-hybrid", "-o", out, "--type", "q8_0")
+    r = mlb.MlbReader(out)
+    assert r.meta["arch"] == "qwen3_5" and "blk.0.linear_in_proj_qkv" in r.tensors
+    assert r.tensors["blk.3.attn_q"][1] == (256, 64)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q4_mixed", "f16"])
+def test_quantised_types_and_reference_logits(qtype, tmp_path):
+    out = tmp_path / "m.mlb"
+    run_tool("convert.py", TINY / "llama2", "-o", out, "--type", qtype, "--scale-type", "f32")
+    r = mlb.MlbReader(out)
+    types = {n: t for n, (t, _, _) in r.tensors.items()}
+    assert types["blk.0.attn_norm"] == mlb.F32 and types["output_norm"] == mlb.F32
+    want = {"q8_0": mlb.Q8_0_F32, "q4_0": mlb.Q4_0_F32, "q4_mixed": mlb.Q4_0_F32, "f16": mlb.F16}[qtype]
+    assert types["blk.1.ffn_up"] == want
+    if qtype == "q4_mixed":
+        assert types["blk.1.ffn_down"] == mlb.Q8_0_F32 and types["token_embd"] == mlb.Q8_0_F32
+    fx = json.loads((TINY / "llama2" / "reference.json").read_text())
+    want = np.frombuffer(base64.b64decode(fx["logits_f32_le_base64"]), "<f4").reshape(fx["logits_shape"])
+    got = qe.forward(*qe.load_model(str(out)), fx["input_ids"])
+    rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
+    # the tiny random model (init range 0.25) amplifies weight noise a lot;
+    # these bounds only catch gross packing errors (a wrong layout gives ~1.4)
+    assert rel < {"f16": 0.01, "q8_0": 0.15, "q4_0": 0.9, "q4_mixed": 0.9}[qtype]
+
+
+def test_imatrix_option(tmp_path):
+    meta, W = qe.load_model(str(TINY / "llama2"))
+    rng = np.random.default_rng(5)
+    im = {n: rng.uniform(0, 3, a.shape[1]).astype(np.float32) ** 4 for n, a in W.items() if a.ndim == 2}
+    np.savez(tmp_path / "im.npz", **im)
+    a, b = tmp_path / "a.mlb", tmp_path / "b.mlb"
+    run_tool("convert.py", TINY / "llama2", "-o", a, "--type", "q4_0")
+    run_tool("convert.py", TINY / "llama2", "-o", b, "--type", "q4_0", "--imatrix", tmp_path / "im.npz")
+    ra, rb = mlb.MlbReader(a), mlb.MlbReader(b)
+    assert rb.meta["convert_q4_scale"] == "fit+imatrix"
+    n = "blk.1.ffn_gate"
+    x = W[n]
+    ea = (((ra.get(n) - x) ** 2) * im[n]).sum()
+    eb = (((rb.get(n) - x) ** 2) * im[n]).sum()
+    assert eb < ea
+    im["blk.0.attn_q"] = np.ones(3, np.float32)
+    np.savez(tmp_path / "bad.npz", **im)
+    out = tmp_path / "c.mlb"
+    p = run_tool("convert.py", TINY / "llama2", "-o", out, "--type", "q4_0", "--imatrix", tmp_path / "bad.npz",
+                 check=False)
+    assert "blk.0.attn_q" in _assert_clean_failure(p, out)
+
+
+# --------------------------------------------------------------------------
+# GGUF: SmolLM2-135M-Instruct Q4_1 vs transformers' GGUF loader
+
+def test_gguf_smollm2_matches_transformers(smollm2_gguf, tmp_path):
+    out = tmp_path / "smol.mlb"
+    run_tool("convert.py", smollm2_gguf, "-o", out, "--type", "f32")
+    meta, W = qe.load_model(str(out))
+    assert meta["arch"] == "llama" and meta["tie_embeddings"] == 1 and meta["n_kv_heads"] == 3
+    assert W["blk.0.attn_q"].shape == (576, 576) and W["blk.0.ffn_down"].shape == (576, 1536)
+    worst, top1 = qe.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")
+    assert top1 and worst < 2e-2
+    # without undoing llama.cpp's q/k permutation the model would be wrong
+    H, Hkv = meta["n_heads"], meta["n_kv_heads"]
+    for i in range(meta["n_layers"]):
+        W[f"blk.{i}.attn_q"] = convert.permute_to_interleaved(W[f"blk.{i}.attn_q"], H)
+        W[f"blk.{i}.attn_k"] = convert.permute_to_interleaved(W[f"blk.{i}.attn_k"], Hkv)
+    assert qe.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")[0] > 0.5
+
+
+def test_permutation_inverse():
+    w = np.arange(6 * 16 * 4, dtype=np.float32).reshape(6 * 16, 4)
+    np.testing.assert_array_equal(convert.unpermute_interleaved(convert.permute_to_interleaved(w, 6), 6), w)
+
+
+# --------------------------------------------------------------------------
+# llama2.c round trips on the llama2 fixture
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+@pytest.mark.parametrize("family", ["llama2", "smollm2-tied"])
+def test_llama2c_roundtrip(version, family, tmp_path):
+    meta, W = qe.load_model(str(TINY / family))
+    ck = tmp_path / "model.bin"
+    {0: llama2c.write_v0, 1: llama2c.write_v1, 2: llama2c.write_v2}[version](str(ck), meta, W)
+    out = tmp_path / "m.mlb"
+    run_tool("convert.py", ck, "-o", out, "--type", "f32")
+    m2, W2 = qe.load_model(str(out))
+    assert m2["arch"] == "llama2c" and m2["tie_embeddings"] == meta["tie_embeddings"]
+    for k in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
+              "context_length"):
+        assert m2[k] == meta[k], k
+    assert set(W2) == set(W)
+    for n, a in W.items():
+        if version == 2 and a.ndim == 2:
+            g = 64
+            tol = np.abs(a).reshape(-1, g).max(1) / 127 * 0.5 * 1.0001 + 1e-7
+            assert np.all(np.abs(W2[n] - a).reshape(-1, g) <= tol[:, None]), n
+        else:
+            np.testing.assert_array_equal(W2[n], a, err_msg=n)
+    if family == "llama2" and meta["rope_theta"] == 10000.0:
+        fx = json.loads((TINY / family / "reference.json").read_text())
+        want = np.frombuffer(base64.b64decode(fx["logits_f32_le_base64"]), "<f4").reshape(fx["logits_shape"])
+        got = qe.forward(m2, W2, fx["input_ids"])
+        if version < 2:
+            assert np.abs(got - want).max() < 1e-3
+        else:  # Q8 weights; the tiny random model amplifies weight noise
+            assert np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)) < 0.15
+
+
+def test_llama2c_truncated(tmp_path):
+    meta, W = qe.load_model(str(TINY / "llama2"))
+    ck = tmp_path / "model.bin"
+    llama2c.write_v0(str(ck), meta, W)
+    data = ck.read_bytes()
+    ck.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "m.mlb"
+    line = _assert_clean_failure(run_tool("convert.py", ck, "-o", out, check=False), out)
+    assert "truncated" in line
+
+
+# --------------------------------------------------------------------------
+# .mlb writer / reader
+
+def test_mlb_roundtrip_and_layout(tmp_path):
+    p = tmp_path / "x.mlb"
+    meta = {"arch": "llama", "n": 3, "f": 0.5, "ia": [1, -2], "fa": [0.5, 1.5]}
+    a = np.arange(64, dtype=np.float32).reshape(2, 32)
+    tensors = [("a", mlb.F32, [2, 32], lambda: mlb.encode(a, mlb.F32)),
+               ("b", mlb.Q8_0, [2, 32], lambda: mlb.encode(a, mlb.Q8_0)),
+               ("c", mlb.F32, [3], lambda: mlb.encode(np.ones(3), mlb.F32))]
+    with open(p, "wb") as f:
+        mlb.write_mlb(f, meta, tensors)
+    r = mlb.MlbReader(p)
+    assert r.meta == meta
+    assert r.data_start % 64 == 0 and all(off % 64 == 0 for _, _, off in r.tensors.values())
+    np.testing.assert_array_equal(r.get("a"), a)
+    assert np.abs(r.get("b") - a).max() <= 63 / 127 * 0.5 * 1.01
+    raw = p.read_bytes()
+    assert raw[:8] == b"KRAFLAMB" and struct.unpack("<IIII", raw[8:24]) == (1, 5, 3, 0)
+    assert len(raw) % 64 == 0

@@ -1,0 +1,386 @@
+"""Krafla `.mlb` model files: writer, reader and the block quantisers.
+
+The layout is specified in docs/FORMAT.md (section `.mlb`). This module is
+used by tools/convert.py (writing), tools/q4_experiment.py and the tests
+(reading and quantisation round trips).
+
+Quantisation (blocks of 32 along the last dim):
+  Q8_0  d = max|x| / 127, q = round(x / d)                      (llama.cpp rule)
+  Q4_0  "max": d = m / -8 where m is the signed absmax element,
+              q = clamp(round(x / d) + 8, 0, 15)                 (llama.cpp rule)
+        "fit": per-block search over d = f · m / -8, f in 0.8..1.3 (26 steps,
+              plus the max rule itself), each with the scale rounded as
+              stored; picks the lowest (optionally importance-weighted)
+              squared error.  Never worse than "max" in that error.
+"""
+import os
+import struct
+
+import numpy as np
+
+MAGIC = b"KRAFLAMB"
+VERSION = 1
+
+F32, F16, Q8_0, Q4_0, Q8_0_F32, Q4_0_F32 = 0, 1, 2, 3, 4, 5
+TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0",
+              Q8_0_F32: "q8_0_f32", Q4_0_F32: "q4_0_f32"}
+QK = 32
+# bytes per block of 32 elements for the quantised types
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q8_0_F32: 36, Q4_0_F32: 20}
+
+META_INT, META_FLOAT, META_STR, META_INTS, META_FLOATS = 0, 1, 2, 3, 4
+
+
+class MlbError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------
+# sizes
+
+def tensor_nbytes(ttype, shape):
+    shape = [int(s) for s in shape]
+    n = 1
+    for s in shape:
+        n *= s
+    if ttype == F32:
+        return 4 * n
+    if ttype == F16:
+        return 2 * n
+    if ttype in BLOCK_BYTES:
+        if shape[-1] % QK:
+            raise MlbError(f"last dim {shape[-1]} is not a multiple of {QK}")
+        return n // QK * BLOCK_BYTES[ttype]
+    raise MlbError(f"unknown tensor type {ttype}")
+
+
+def _align(n, a=64):
+    return (n + a - 1) // a * a
+
+
+# --------------------------------------------------------------------------
+# quantisation
+
+def _f16_round(d):
+    """Round float32 scales to what a f16 scale field will hold."""
+    return d.astype(np.float16).astype(np.float32)
+
+
+def quantize_q8_0(x, scale_dtype=np.float16):
+    """x: float array, last dim multiple of 32. Returns (d [nb], q int8 [nb,32])."""
+    b = np.asarray(x, dtype=np.float32).reshape(-1, QK)
+    amax = np.abs(b).max(axis=1)
+    d = amax / 127.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(d > 0, 1.0 / d, 0.0).astype(np.float32)
+    q = np.rint(b * idv[:, None]).astype(np.int8)  # |q| <= 127 by construction
+    return d.astype(scale_dtype), q
+
+
+def _q4_max_rule(b):
+    """llama.cpp quantize_row_q4_0_ref: returns (d float32 unrounded, q uint8 0..15)."""
+    idx = np.abs(b).argmax(axis=1)
+    m = b[np.arange(b.shape[0]), idx]
+    d = m / -8.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+    q = np.clip(np.floor(b * idv[:, None] + 8.5), 0, 15).astype(np.uint8)
+    return d.astype(np.float32), q
+
+
+def _q4_codes(b, d):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(d != 0, 1.0 / d, 0.0).astype(np.float32)
+    return np.clip(np.rint(b * idv[:, None]) + 8, 0, 15).astype(np.uint8)
+
+
+def _q4_err(b, d, q, w=None):
+    r = b - d[:, None] * (q.astype(np.float32) - 8.0)
+    if w is not None:
+        return np.einsum("ij,ij,ij->i", r, r, w)
+    return np.einsum("ij,ij->i", r, r)
+
+
+# Candidate factors for the fitted rule.  Factor f scales the llama.cpp max
+# rule scale d0 = m/-8: for f = 1 the largest weight lands on level -8, for
+# f > 1 it stays representable, for f < 1 it is clipped (to -8·d).  Measured
+# on SmolLM2-135M (docs/QUANT.md), 0.8..1.3 beat 1.0..1.3; the mirrored scale
+# (d = m/7 · f, largest weight on level +7) did not help and is off by default.
+FIT_FACTORS = np.linspace(0.8, 1.3, 26, dtype=np.float32)
+
+
+def q4_0_scales(b, rule="fit", scale_dtype=np.float16, factors=None, mirror=False, weights=None):
+    """Choose Q4_0 scales and codes for blocks b [nb, 32] (float32).
+
+    Returns (d as stored (scale_dtype), q uint8 [nb, 32] in 0..15).
+    rule: "max"  llama.cpp's rule;
+          "fit"  search: max rule + d0·f (f in factors) [+ mirrored m/7·f if mirror],
+                 each evaluated with the scale rounded to scale_dtype, keep the
+                 lowest squared error per block.
+    weights: optional [nb, 32] non-negative importance of each element in the
+             squared error ("fit" only), e.g. the mean squared activation of
+             the matching input column (an importance matrix).
+    """
+    b = np.asarray(b, dtype=np.float32)
+    d0, q0 = _q4_max_rule(b)
+    if rule == "max":
+        return d0.astype(scale_dtype), q0
+    if rule != "fit":
+        raise ValueError(f"unknown q4 scale rule {rule!r}")
+    rnd = (lambda d: d.astype(scale_dtype).astype(np.float32))
+    best_d = rnd(d0)
+    best_q = q0
+    w = None if weights is None else np.asarray(weights, dtype=np.float32).reshape(b.shape)
+    best_e = _q4_err(b, best_d, best_q, w)
+    factors = FIT_FACTORS if factors is None else np.asarray(factors, dtype=np.float32)
+    bases = [d0]
+    if mirror:
+        bases.append(d0 * np.float32(-8.0 / 7.0))  # = m / 7
+    for base in bases:
+        for f in factors:
+            d = rnd(base * f)
+            q = _q4_codes(b, d)
+            e = _q4_err(b, d, q, w)
+            better = e < best_e
+            if better.any():
+                best_e = np.where(better, e, best_e)
+                best_d = np.where(better, d, best_d)
+                best_q = np.where(better[:, None], q, best_q)
+    return best_d.astype(scale_dtype), best_q
+
+
+def pack_q4(q):
+    """q uint8 [nb, 32] (0..15) -> [nb, 16] bytes: byte j = q[j] | q[j+16] << 4."""
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def unpack_q4(p):
+    return np.concatenate([p & 0x0F, p >> 4], axis=1)
+
+
+def encode(x, ttype, q4_rule="fit", col_weights=None):
+    """Encode a float array into the raw bytes of tensor type ttype.
+    col_weights: optional per-column (last dim) importance for the Q4 "fit" search."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if ttype == F32:
+        return x.astype("<f4").tobytes()
+    if ttype == F16:
+        return x.astype("<f2").tobytes()
+    if x.shape[-1] % QK:
+        raise MlbError(f"last dim {x.shape[-1]} is not a multiple of {QK}")
+    sd = np.dtype("<f2") if ttype in (Q8_0, Q4_0) else np.dtype("<f4")
+    nb = x.size // QK
+    if ttype in (Q8_0, Q8_0_F32):
+        d, q = quantize_q8_0(x, sd)
+        out = np.empty((nb, sd.itemsize + QK), np.uint8)
+        out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)
+        out[:, sd.itemsize:] = q.view(np.uint8)
+        return out.tobytes()
+    if ttype in (Q4_0, Q4_0_F32):
+        w = None
+        if col_weights is not None:
+            cw = np.asarray(col_weights, dtype=np.float32)
+            if cw.shape != (x.shape[-1],):
+                raise MlbError(f"importance vector has shape {cw.shape}, expected ({x.shape[-1]},)")
+            w = np.broadcast_to(cw, x.shape).reshape(-1, QK)
+        d, q = q4_0_scales(x.reshape(-1, QK), q4_rule, sd, weights=w)
+        out = np.empty((nb, sd.itemsize + QK // 2), np.uint8)
+        out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)
+        out[:, sd.itemsize:] = pack_q4(q)
+        return out.tobytes()
+    raise MlbError(f"unknown tensor type {ttype}")
+
+
+def decode(raw, ttype, shape):
+    """Raw tensor bytes (bytes / uint8 array) -> float32 array of shape."""
+    shape = tuple(int(s) for s in shape)
+    buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
+    if ttype == F32:
+        return buf.view("<f4").astype(np.float32).reshape(shape)
+    if ttype == F16:
+        return buf.view("<f2").astype(np.float32).reshape(shape)
+    sd = np.dtype("<f2") if ttype in (Q8_0, Q4_0) else np.dtype("<f4")
+    bb = BLOCK_BYTES[ttype]
+    blk = buf.reshape(-1, bb)
+    d = np.ascontiguousarray(blk[:, :sd.itemsize]).view(sd).astype(np.float32)  # [nb, 1]
+    if ttype in (Q8_0, Q8_0_F32):
+        q = np.ascontiguousarray(blk[:, sd.itemsize:]).view(np.int8).astype(np.float32)
+    else:
+        q = unpack_q4(blk[:, sd.itemsize:]).astype(np.float32) - 8.0
+    return (d * q).reshape(shape)
+
+
+def roundtrip(x, ttype, q4_rule="fit", col_weights=None):
+    """Quantise then dequantise (what the runtime will see)."""
+    return decode(encode(x, ttype, q4_rule, col_weights), ttype, np.shape(x))
+
+
+# --------------------------------------------------------------------------
+# writer
+
+def _meta_bytes(key, value):
+    kb = key.encode()
+    if not 1 <= len(kb) <= 256:
+        raise MlbError(f"bad metadata key {key!r}")
+    out = struct.pack("<I", len(kb)) + kb
+    if isinstance(value, bool) or isinstance(value, (int, np.integer)):
+        return out + struct.pack("<Bq", META_INT, int(value))
+    if isinstance(value, (float, np.floating)):
+        return out + struct.pack("<Bd", META_FLOAT, float(value))
+    if isinstance(value, str):
+        vb = value.encode()
+        if len(vb) > 65536:
+            raise MlbError(f"metadata string {key!r} too long")
+        return out + struct.pack("<BI", META_STR, len(vb)) + vb
+    if isinstance(value, (list, tuple, np.ndarray)):
+        vals = list(value)
+        if len(vals) > 65536:
+            raise MlbError(f"metadata array {key!r} too long")
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in vals):
+            return out + struct.pack("<BI", META_INTS, len(vals)) + struct.pack(f"<{len(vals)}q", *map(int, vals))
+        return out + struct.pack("<BI", META_FLOATS, len(vals)) + struct.pack(f"<{len(vals)}d", *map(float, vals))
+    raise MlbError(f"unsupported metadata value for {key!r}: {type(value).__name__}")
+
+
+def write_mlb(fileobj, meta, tensors, progress=None):
+    """Write an .mlb.
+
+    meta: dict key -> int / float / str / list of int / list of float.
+    tensors: list of (name, ttype, shape, producer) where producer() returns
+             the encoded bytes (len must equal tensor_nbytes(ttype, shape)).
+             Producers are called one at a time, in order (streaming).
+    progress: optional callback(index, name, ttype, shape) before each tensor.
+    """
+    if len(meta) > 4096 or len(tensors) > 65536:
+        raise MlbError("too many metadata entries or tensors")
+    names = [t[0] for t in tensors]
+    if len(set(names)) != len(names):
+        raise MlbError("duplicate tensor names")
+    head = bytearray(MAGIC + struct.pack("<IIII", VERSION, len(meta), len(tensors), 0))
+    for k, v in meta.items():
+        head += _meta_bytes(k, v)
+    offsets, off = [], 0
+    for name, ttype, shape, _ in tensors:
+        if not 1 <= len(shape) <= 4:
+            raise MlbError(f"{name}: bad rank {len(shape)}")
+        offsets.append(off)
+        off = _align(off + tensor_nbytes(ttype, shape))
+    for (name, ttype, shape, _), o in zip(tensors, offsets):
+        nb = name.encode()
+        if not 1 <= len(nb) <= 256:
+            raise MlbError(f"bad tensor name {name!r}")
+        head += struct.pack("<I", len(nb)) + nb + struct.pack("<II", ttype, len(shape))
+        head += struct.pack(f"<{len(shape)}Q", *map(int, shape)) + struct.pack("<Q", o)
+    data_start = _align(len(head))
+    head += b"\0" * (data_start - len(head))
+    fileobj.write(head)
+    pos = 0
+    for i, ((name, ttype, shape, producer), o) in enumerate(zip(tensors, offsets)):
+        if progress:
+            progress(i, name, ttype, shape)
+        if o > pos:
+            fileobj.write(b"\0" * (o - pos))
+            pos = o
+        raw = producer()
+        if len(raw) != tensor_nbytes(ttype, shape):
+            raise MlbError(f"{name}: produced {len(raw)} bytes, expected {tensor_nbytes(ttype, shape)}")
+        fileobj.write(raw)
+        pos += len(raw)
+    end = _align(pos)
+    if end > pos:
+        fileobj.write(b"\0" * (end - pos))
+
+
+# --------------------------------------------------------------------------
+# reader
+
+class MlbReader:
+    """Reads an .mlb (validating counts and offsets). Tensor data via np.memmap."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        size = os.path.getsize(self.path)
+        with open(self.path, "rb") as f:
+            data = f.read(min(size, 64 << 20))
+        self._size = size
+        p = 0
+
+        def need(n):
+            if p + n > len(data):
+                raise MlbError("truncated header")
+
+        def rd(fmt):
+            nonlocal p
+            n = struct.calcsize(fmt)
+            need(n)
+            v = struct.unpack_from(fmt, data, p)
+            p += n
+            return v
+
+        def rstr(limit):
+            nonlocal p
+            (n,) = rd("<I")
+            if n > limit:
+                raise MlbError("string too long")
+            need(n)
+            s = data[p:p + n].decode()
+            p += n
+            return s
+
+        need(24)
+        if data[:8] != MAGIC:
+            raise MlbError("bad magic")
+        p = 8
+        ver, n_meta, n_tensors, _ = rd("<IIII")
+        if ver != VERSION:
+            raise MlbError(f"unsupported version {ver}")
+        if n_meta > 4096 or n_tensors > 65536:
+            raise MlbError("too many entries")
+        self.meta = {}
+        for _ in range(n_meta):
+            k = rstr(256)
+            (t,) = rd("<B")
+            if t == META_INT:
+                v = rd("<q")[0]
+            elif t == META_FLOAT:
+                v = rd("<d")[0]
+            elif t == META_STR:
+                v = rstr(65536)
+            elif t in (META_INTS, META_FLOATS):
+                (c,) = rd("<I")
+                if c > 65536:
+                    raise MlbError("array too long")
+                v = list(rd(f"<{c}{'q' if t == META_INTS else 'd'}"))
+            else:
+                raise MlbError(f"bad metadata type {t}")
+            if k in self.meta:
+                raise MlbError(f"duplicate key {k}")
+            self.meta[k] = v
+        self.tensors = {}
+        for _ in range(n_tensors):
+            name = rstr(256)
+            ttype, nd = rd("<II")
+            if not 1 <= nd <= 4:
+                raise MlbError(f"{name}: bad rank")
+            shape = rd(f"<{nd}Q")
+            (off,) = rd("<Q")
+            if name in self.tensors:
+                raise MlbError(f"duplicate tensor {name}")
+            self.tensors[name] = (ttype, tuple(shape), off)
+        self.data_start = _align(p)
+        for name, (ttype, shape, off) in self.tensors.items():
+            if off % 64:
+                raise MlbError(f"{name}: misaligned offset")
+            if self.data_start + off + tensor_nbytes(ttype, shape) > size:
+                raise MlbError(f"{name}: extends past end of file")
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
+
+    def raw(self, name):
+        ttype, shape, off = self.tensors[name]
+        s = self.data_start + off
+        return self._mm[s:s + tensor_nbytes(ttype, shape)]
+
+    def get(self, name):
+        """Dequantised float32 copy of a tensor."""
+        ttype, shape, _ = self.tensors[name]
+        return decode(np.array(self.raw(name)), ttype, shape)
