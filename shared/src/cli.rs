@@ -93,6 +93,9 @@ pub struct Args {
     /// Perplexity of a text file (llama.cpp's protocol; --ctx defaults to 512 here).
     #[arg(long)]
     pub perplexity: Option<PathBuf>,
+    /// --perplexity: score at most this many chunks (default: all).
+    #[arg(long)]
+    pub chunks: Option<usize>,
 }
 
 /// Entry point of every executable; returns the process exit code.
@@ -212,7 +215,7 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
         if ctx < 4 || ctx > cfg.context_length {
             return Err(format!("--ctx {ctx} must be within 4..={}", cfg.context_length));
         }
-        crate::measure::perplexity(&model, tok, &text, ctx, args.batch, crate::kvcache::KvType::parse(&args.kv)?)?;
+        crate::measure::perplexity(&model, tok, &text, ctx, args.chunks, args.batch, crate::kvcache::KvType::parse(&args.kv)?)?;
         return Ok(());
     }
 

@@ -119,14 +119,22 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
 /// Perplexity as llama.cpp's `perplexity` tool computes it: non-overlapping
 /// chunks of `ctx` tokens, BOS replacing the first token of each chunk when
 /// the tokenizer adds one, only the second half of each chunk scored.
-pub fn perplexity(model: &Model, tokenizer: &Tokenizer, text: &str, ctx: usize, batch: usize, kv: KvType) -> Result<f64, String> {
+pub fn perplexity(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    text: &str,
+    ctx: usize,
+    max_chunks: Option<usize>,
+    batch: usize,
+    kv: KvType,
+) -> Result<f64, String> {
     let c = &model.config;
     let tokens = tokenizer.encode(text, true);
     let bos = tokenizer.encode("", true).first().copied().filter(|&b| Some(b) == tokenizer.bos_id());
     if tokens.len() < 2 * ctx {
         return Err(format!("the text has {} tokens; --perplexity needs at least 2 × ctx = {}", tokens.len(), 2 * ctx));
     }
-    let n_chunks = tokens.len() / ctx;
+    let n_chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
     eprintln!("perplexity: {} tokens, {n_chunks} chunks of {ctx}, scoring the last {} of each", tokens.len(), ctx - 1 - first);
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);

@@ -12,7 +12,7 @@ pub const QK: usize = 32;
 
 /// Q8_0 weight block: x = d · q.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct BlockQ8_0 {
     pub d: f16,
     pub qs: [i8; QK],
@@ -22,7 +22,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 /// Q4_0 weight block: byte j holds element j (low nibble) and j + 16 (high
 /// nibble); x = d · (nibble − 8).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct BlockQ4_0 {
     pub d: f16,
     pub qs: [u8; QK / 2],
@@ -31,7 +31,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
 
 /// Q8_0 with an f32 scale.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct BlockQ8_0F32 {
     pub d: f32,
     pub qs: [i8; QK],
@@ -40,7 +40,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0F32>() == 36);
 
 /// Q4_0 with an f32 scale.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct BlockQ4_0F32 {
     pub d: f32,
     pub qs: [u8; QK / 2],
@@ -65,53 +65,133 @@ impl Default for BlockQ8Act {
 
 /// A Q8 weight block, whatever its scale type.
 pub trait Q8Block: Copy + Send + Sync + 'static {
+    /// The scale is an f16 (else an f32): tells vector kernels how to read `scale_bits`.
+    const F16_SCALE: bool;
     fn scale(&self) -> f32;
+    /// The scale's raw bits: the f16's zero-extended, or the f32's.
+    fn scale_bits(&self) -> u32;
     fn quants(&self) -> &[i8; QK];
 }
 /// A Q4 weight block, whatever its scale type.
 pub trait Q4Block: Copy + Send + Sync + 'static {
+    /// As `Q8Block::F16_SCALE`.
+    const F16_SCALE: bool;
     fn scale(&self) -> f32;
+    /// As `Q8Block::scale_bits`.
+    fn scale_bits(&self) -> u32;
     fn nibbles(&self) -> &[u8; QK / 2];
 }
 
-impl Q8Block for BlockQ8_0 {
+macro_rules! block_impl {
+    ($trait:ident, $ty:ty, $f16:literal, $data:ident, $arr:ty) => {
+        impl $trait for $ty {
+            const F16_SCALE: bool = $f16;
+            #[inline(always)]
+            fn scale(&self) -> f32 {
+                self.d.to_f32()
+            }
+            #[inline(always)]
+            fn scale_bits(&self) -> u32 {
+                self.d.to_bits() as u32
+            }
+            #[inline(always)]
+            fn $data(&self) -> &$arr {
+                &self.qs
+            }
+        }
+    };
+}
+/// `to_f32` for both scale types, so `block_impl!` reads the same for each.
+trait ToF32 {
+    fn to_f32(self) -> f32;
+}
+impl ToF32 for f32 {
     #[inline(always)]
-    fn scale(&self) -> f32 {
-        self.d.to_f32()
-    }
-    #[inline(always)]
-    fn quants(&self) -> &[i8; QK] {
-        &self.qs
+    fn to_f32(self) -> f32 {
+        self
     }
 }
-impl Q8Block for BlockQ8_0F32 {
-    #[inline(always)]
-    fn scale(&self) -> f32 {
-        self.d
+block_impl!(Q8Block, BlockQ8_0, true, quants, [i8; QK]);
+block_impl!(Q8Block, BlockQ8_0F32, false, quants, [i8; QK]);
+block_impl!(Q4Block, BlockQ4_0, true, nibbles, [u8; QK / 2]);
+block_impl!(Q4Block, BlockQ4_0F32, false, nibbles, [u8; QK / 2]);
+
+/// Quantised activation rows: the blocks, and again each block's scale and
+/// sum in contiguous arrays (vector kernels load eight of them at once).
+#[derive(Clone, Debug, Default)]
+pub struct ActQ8 {
+    blocks: Vec<BlockQ8Act>,
+    d: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+impl ActQ8 {
+    /// `quantize_act` of `x` (length a multiple of 32).
+    pub fn quantize(x: &[f32]) -> Self {
+        let mut blocks = vec![BlockQ8Act::default(); x.len() / QK];
+        quantize_act(x, &mut blocks);
+        Self::from_blocks(blocks)
     }
-    #[inline(always)]
-    fn quants(&self) -> &[i8; QK] {
-        &self.qs
+    pub fn from_blocks(blocks: Vec<BlockQ8Act>) -> Self {
+        let d = blocks.iter().map(|b| b.d).collect();
+        let sum = blocks.iter().map(|b| b.sum).collect();
+        ActQ8 { blocks, d, sum }
+    }
+    pub fn as_ref(&self) -> ActRef<'_> {
+        ActRef { blocks: &self.blocks, d: &self.d, sum: &self.sum }
     }
 }
-impl Q4Block for BlockQ4_0 {
-    #[inline(always)]
-    fn scale(&self) -> f32 {
-        self.d.to_f32()
+
+/// A borrowed run of activation blocks: from an `ActQ8` (with the
+/// contiguous scales and sums), or from plain blocks (`d` and `sum` empty;
+/// the kernels then read them from the blocks, a little slower).
+#[derive(Clone, Copy, Debug)]
+pub struct ActRef<'a> {
+    pub(crate) blocks: &'a [BlockQ8Act],
+    /// Empty, or one per block.
+    pub(crate) d: &'a [f32],
+    /// Empty, or one per block.
+    pub(crate) sum: &'a [i32],
+}
+
+impl<'a> ActRef<'a> {
+    pub fn len(&self) -> usize {
+        self.blocks.len()
     }
-    #[inline(always)]
-    fn nibbles(&self) -> &[u8; QK / 2] {
-        &self.qs
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+    pub fn blocks(&self) -> &'a [BlockQ8Act] {
+        self.blocks
+    }
+    /// Whether the contiguous scales and sums are present.
+    pub(crate) fn has_side(&self) -> bool {
+        self.d.len() == self.blocks.len() && self.sum.len() == self.blocks.len()
+    }
+    /// Blocks `start..end`.
+    pub fn range(self, start: usize, end: usize) -> Self {
+        let side = |v: &'a [f32]| if v.is_empty() { v } else { &v[start..end] };
+        ActRef {
+            blocks: &self.blocks[start..end],
+            d: side(self.d),
+            sum: if self.sum.is_empty() { self.sum } else { &self.sum[start..end] },
+        }
     }
 }
-impl Q4Block for BlockQ4_0F32 {
-    #[inline(always)]
-    fn scale(&self) -> f32 {
-        self.d
+
+impl<'a> From<&'a [BlockQ8Act]> for ActRef<'a> {
+    fn from(blocks: &'a [BlockQ8Act]) -> Self {
+        ActRef { blocks, d: &[], sum: &[] }
     }
-    #[inline(always)]
-    fn nibbles(&self) -> &[u8; QK / 2] {
-        &self.qs
+}
+impl<'a> From<&'a Vec<BlockQ8Act>> for ActRef<'a> {
+    fn from(blocks: &'a Vec<BlockQ8Act>) -> Self {
+        ActRef { blocks, d: &[], sum: &[] }
+    }
+}
+impl<'a> From<&'a ActQ8> for ActRef<'a> {
+    fn from(a: &'a ActQ8) -> Self {
+        a.as_ref()
     }
 }
 

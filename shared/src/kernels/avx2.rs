@@ -1,29 +1,61 @@
 //! AVX2 + FMA + F16C kernels: int8 dots with `vpmaddubsw` + `vpmaddwd`, one
 //! 32-weight block per 256-bit vector; f32 ops eight lanes wide; f16 through
 //! `vcvtph2ps`. Reductions follow `portable`'s order and no FMA is used, so
-//! results equal the other x86 builds' (see sse2.rs for why). The AVX-512 VNNI build re-exports the f32 half.
+//! results equal the other x86 builds' (see sse2.rs for why). Quantised dots
+//! take eight blocks per step: per-block i32 vectors, a transpose-add tree
+//! to the eight block sums, then one f32 multiply and add into the eight
+//! lanes (`sum_blocks8!`). The AVX-512 VNNI build re-exports the f32 half.
 
-entry_points!(
-    dot_f32,
-    dot_f16_f32,
-    dot_q8,
-    dot_q4,
-    rmsnorm,
-    softmax,
-    axpy,
-    silu_mul,
-    gelu_tanh_mul,
-    f16_to_f32,
-    vexp
-);
+entry_points!(dot_f32, dot_f16_f32, dot_q8, dot_q4, rmsnorm, softmax, axpy, silu_mul, gelu_tanh_mul, f16_to_f32, vexp);
+
+/// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8
+/// (multiply then add, no FMA), lanes combined as `portable::combine8`.
+/// Eight blocks per step: `|i| isums` gives blocks i..i+8's exact
+/// Σ q_w·q_x as eight i32 lanes, `$q4` adds Q4's −8·Σq, `|j| bits` is
+/// weight block i + j's scale bits (f16 when `$f16`). The last n % 8 blocks (all
+/// of them for an `ActRef` without contiguous scales and sums)
+/// go one by one into their lanes with the same scalar operations:
+/// `|b| (isum, scale)` gives block b's exact integer sum (offset included) and
+/// its weight scale. A macro, so that all of it is inlined into the kernel.
+macro_rules! sum_blocks8 {
+    ($x:expr, $q4:expr, $f16:expr, |$i:ident| $isums:expr, |$j:ident| $bits:expr,
+     |$b:ident| $one:expr $(,)?) => {{
+        use $crate::kernels::avx2::imp as a;
+        let x: $crate::quant::ActRef = $x;
+        let n = x.len();
+        let mut acc = _mm256_setzero_ps();
+        let mut $i = 0usize;
+        // Without contiguous scales and sums (`ActRef` from plain blocks) every block takes the one-by-one path.
+        let side = x.has_side();
+        while side && $i + 8 <= n {
+            let s = $isums;
+            let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets(x, $i)) } else { s };
+            let dw = a::scales8(
+                $f16,
+                #[inline(always)]
+                |$j: usize| $bits,
+            );
+            acc = a::fold8(acc, s, dw, x, $i);
+            $i += 8;
+        }
+        let mut lanes = a::lanes(acc);
+        for $b in $i..n {
+            let (isum, scale): (i32, f32) = $one;
+            lanes[$b % 8] += (scale * x.blocks()[$b].d) * isum as f32;
+        }
+        $crate::kernels::portable::combine8(lanes)
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use sum_blocks8;
 
 pub(super) mod imp {
     use core::arch::x86_64::*;
 
     use half::f16;
 
-    use super::super::{q4_scale, q8_scale};
-    use crate::quant::{BlockQ8Act, Q4Block, Q8Block, QK};
+    use super::super::sse2::imp::{halves, ld16};
+    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -58,23 +90,22 @@ pub(super) mod imp {
         unsafe { _mm256_loadu_si256(q.as_ptr() as *const __m256i) }
     }
 
+    /// The eight lanes of `v`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn lanes(v: __m256) -> [f32; 8] {
+        let mut a = [0.0f32; 8];
+        st(&mut a, v);
+        a
+    }
+
     /// 16 nibble bytes → 32 bytes 0..15: low nibbles (elements 0..16) then high (16..32).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn unpack_nibbles(n: &[u8; QK / 2]) -> __m256i {
-        // SAFETY: `n` points to 16 readable bytes; loadu needs no alignment.
-        let n = unsafe { _mm_loadu_si128(n.as_ptr() as *const __m128i) };
+        let n = ld16(n);
         let m = _mm_set1_epi8(0x0f);
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(n), m), _mm_and_si128(n, m))
-    }
-
-    /// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)): `portable`'s combination.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn hsum(v: __m256) -> f32 {
-        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(t, _mm_shuffle_ps::<0b10_11_00_01>(t, t));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)))
     }
 
     /// Sum of eight i32 lanes (exact).
@@ -84,6 +115,15 @@ pub(super) mod imp {
         let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
         _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v)))
+    }
+
+    /// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)): `portable`'s combination.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn hsum(v: __m256) -> f32 {
+        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(t, _mm_shuffle_ps::<0b10_11_00_01>(t, t));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)))
     }
 
     /// Σ a[i]·b[i] (f32 weights or f16 through `load`) in `portable`'s order
@@ -127,45 +167,135 @@ pub(super) mod imp {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
     }
 
-    /// Σ_i d_i·isum_i in block order, as `portable`: `block(i)` gives block
-    /// i's exact i32 lanes and its scale d_w·d_x.
+    /// `v[i..i + 8]` (f32 or i32) as a vector.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn sum_blocks(n: usize, block: impl Fn(usize) -> (__m256i, f32)) -> f32 {
-        let mut acc = 0.0f32;
-        for i in 0..n {
-            let (s, d) = block(i);
-            acc += d * hsum_i32(s) as f32;
+    fn ld8<T: Copy>(v: &[T], i: usize) -> __m256i {
+        assert_eq!(core::mem::size_of::<T>(), 4);
+        let c: &[T; 8] = v[i..i + 8].try_into().unwrap();
+        // SAFETY: `c` points to 8 readable 4-byte values (asserted); loadu needs no alignment.
+        unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
+    }
+
+    /// Eight weight scales as f32 lanes from their bits (f16 when `f16`, else f32).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn scales8(f16: bool, bits: impl Fn(usize) -> u32) -> __m256 {
+        if f16 {
+            let h = |j| bits(j) as u16 as i16;
+            _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+        } else {
+            let f = |j| bits(j) as i32;
+            _mm256_castsi256_ps(_mm256_setr_epi32(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7)))
         }
-        acc
+    }
+
+    /// −8·Σq of activation blocks i..i+8 as i32 lanes: Q4's offset.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn q4_offsets(x: ActRef, i: usize) -> __m256i {
+        let s = ld8(x.sum, i);
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
+    }
+
+    /// `sum_blocks8!`'s step: acc + (d_w·d_x)·isums for blocks i..i+8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn fold8(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize) -> __m256 {
+        let dx = _mm256_castsi256_ps(ld8(x.d, i));
+        let d = _mm256_mul_ps(dw, dx);
+        _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
+    }
+
+    /// Eight vectors of per-block i32 partial sums → one vector of the eight block sums (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn reduce8(v: [__m256i; 8]) -> __m256i {
+        let h = |a, b| _mm256_hadd_epi32(a, b);
+        let a = h(h(v[0], v[1]), h(v[2], v[3])); // [0..4 low halves | 0..4 high halves]
+        let b = h(h(v[4], v[5]), h(v[6], v[7]));
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(a, b), _mm256_permute2x128_si256::<0x31>(a, b))
+    }
+
+    /// Four vectors [block 2p's four partial sums | block 2p+1's] → the eight block sums in order (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn reduce_pairs(p: [__m256i; 4]) -> __m256i {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        // h holds blocks 0, 2, 4, 6 | 1, 3, 5, 7
+        _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// Nibbles of two Q4 blocks [a | b] → (low nibbles, high nibbles), bytes 0..15.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn nibble_pair(a: &[u8; QK / 2], b: &[u8; QK / 2]) -> (__m256i, __m256i) {
+        let n = _mm256_set_m128i(ld16(b), ld16(a));
+        let m = _mm256_set1_epi8(0x0f);
+        (_mm256_and_si256(n, m), _mm256_and_si256(_mm256_srli_epi16::<4>(n), m))
+    }
+
+    /// Activations of two blocks as ([a 0..16 | b 0..16], [a 16..32 | b 16..32]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn act_pair(a: &[i8; QK], b: &[i8; QK]) -> (__m256i, __m256i) {
+        let ((a0, a1), (b0, b1)) = (halves(a), halves(b));
+        (_mm256_set_m128i(b0, a0), _mm256_set_m128i(b1, a1))
     }
 
     /// Q8 weights · Q8 activations, |w| × sign(x, w) (activation quants in [-127, 127]).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let n = w.len().min(x.len());
-        sum_blocks(n, |i| {
-            let (a, b) = (ld32(w[i].quants()), ld32(&x[i].qs));
-            (
-                maddubs(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)),
-                q8_scale(&w[i]) * x[i].d,
-            )
-        })
+        let x = x.range(0, w.len().min(x.len()));
+        sum_blocks8!(
+            x,
+            false,
+            B::F16_SCALE,
+            |i| {
+                reduce8(unroll!(8, |j| {
+                    let (a, b) = (ld32(w[i + j].quants()), ld32(&x.blocks()[i + j].qs));
+                    maddubs(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b| (
+                hsum_i32(maddubs(
+                    _mm256_sign_epi8(ld32(w[b].quants()), ld32(w[b].quants())),
+                    _mm256_sign_epi8(ld32(&x.blocks()[b].qs), ld32(w[b].quants()))
+                )),
+                w[b].scale()
+            ),
+        )
     }
 
-    /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).
+    /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact), two blocks per vector.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let n = w.len().min(x.len());
-        sum_blocks(n, |i| {
-            let s = maddubs(unpack_nibbles(w[i].nibbles()), ld32(&x[i].qs));
-            let corr = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * x[i].sum));
-            (_mm256_add_epi32(s, corr), q4_scale(&w[i]) * x[i].d)
-        })
+        let x = x.range(0, w.len().min(x.len()));
+        sum_blocks8!(
+            x,
+            true,
+            B::F16_SCALE,
+            |i| {
+                reduce_pairs(unroll!(4, |p| {
+                    let (j0, j1) = (2 * p, 2 * p + 1);
+                    let (lo, hi) = nibble_pair(w[i + j0].nibbles(), w[i + j1].nibbles());
+                    let (x0, x1) = act_pair(&x.blocks()[i + j0].qs, &x.blocks()[i + j1].qs);
+                    // pair sums ≤ 2·15·127 each, two of them: the i16 add is exact
+                    let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b| (
+                hsum_i32(maddubs(unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs))) - 8 * x.blocks()[b].sum,
+                w[b].scale()
+            ),
+        )
     }
 
     /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.
@@ -241,13 +371,7 @@ pub(super) mod imp {
         let r = _mm256_sub_ps(xc, _mm256_mul_ps(nf, _mm256_set1_ps(0.693_359_4)));
         let r = _mm256_sub_ps(r, _mm256_mul_ps(nf, _mm256_set1_ps(-2.121_944_4e-4)));
         let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            5.000_000_1e-1,
-        ] {
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
             p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
         }
         let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0));

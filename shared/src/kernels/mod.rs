@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::quant::{quantize_act, BlockQ4_0, BlockQ4_0F32, BlockQ8Act, BlockQ8_0, BlockQ8_0F32, Q4Block, Q8Block, QK};
+use crate::quant::{ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32, QK};
 
 pub mod portable;
 
@@ -38,19 +38,19 @@ macro_rules! entry_points {
     };
     (@one dot_q8) => {
         #[inline]
-        pub fn dot_q8<B: crate::quant::Q8Block>(w: &[B], x: &[crate::quant::BlockQ8Act]) -> f32 {
+        pub fn dot_q8<'a, B: crate::quant::Q8Block>(w: &[B], x: impl Into<crate::quant::ActRef<'a>>) -> f32 {
             // SAFETY: `imp` enables only target features this whole build was
             // compiled with (kernels/mod.rs compiles the module only under that
             // cfg), and the executable's start-up guard (variants/src/guard.rs)
             // exits before main on a CPU that lacks any of them.
-            unsafe { imp::dot_q8(w, x) }
+            unsafe { imp::dot_q8(w, x.into()) }
         }
     };
     (@one dot_q4) => {
         #[inline]
-        pub fn dot_q4<B: crate::quant::Q4Block>(w: &[B], x: &[crate::quant::BlockQ8Act]) -> f32 {
+        pub fn dot_q4<'a, B: crate::quant::Q4Block>(w: &[B], x: impl Into<crate::quant::ActRef<'a>>) -> f32 {
             // SAFETY: see `entry_points!(@one dot_q8)`.
-            unsafe { imp::dot_q4(w, x) }
+            unsafe { imp::dot_q4(w, x.into()) }
         }
     };
     (@one rmsnorm) => {
@@ -105,15 +105,73 @@ macro_rules! entry_points {
     };
 }
 
+/// `[body(0), body(1), …]` with the index substituted into `body`
+/// textually, so every element is inlined (a closure passed through
+/// `core::array::from_fn` is not, and loses its target features).
+#[allow(unused_macros)]
+macro_rules! unroll {
+    (4, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+            {
+                let $j = 2usize;
+                $body
+            },
+            {
+                let $j = 3usize;
+                $body
+            },
+        ]
+    };
+    (8, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+            {
+                let $j = 2usize;
+                $body
+            },
+            {
+                let $j = 3usize;
+                $body
+            },
+            {
+                let $j = 4usize;
+                $body
+            },
+            {
+                let $j = 5usize;
+                $body
+            },
+            {
+                let $j = 6usize;
+                $body
+            },
+            {
+                let $j = 7usize;
+                $body
+            },
+        ]
+    };
+}
+
 // x86-64 kernel sets, memchr `arch/` style: each exports the same functions as
 // `portable`. SSE2 is the x86-64 baseline, so it is always compiled there
 // (SSE4.1 reuses its f32 half); AVX-512 VNNI reuses AVX2's f32 half.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
 pub mod avx2;
 #[cfg(all(
     target_arch = "x86_64",
@@ -172,37 +230,6 @@ pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
     f32::from_bits(v | (h & 0x8000) << 16)
 }
 
-/// A weight block's f16 scale as f32: F16C's `vcvtph2ps` when compiled in,
-/// else `f16_bits_to_f32` (the `half` crate would detect F16C at run time).
-#[allow(dead_code)]
-#[inline(always)]
-pub(crate) fn f16_scale(h: f16) -> f32 {
-    #[cfg(target_feature = "f16c")]
-    return h.to_f32();
-    #[cfg(not(target_feature = "f16c"))]
-    return f16_bits_to_f32(h.to_bits());
-}
-
-/// `Q8Block::scale` with the fast f16 conversion (the type test folds away).
-#[allow(dead_code)]
-#[inline(always)]
-pub(crate) fn q8_scale<B: Q8Block>(b: &B) -> f32 {
-    match (b as &dyn std::any::Any).downcast_ref::<BlockQ8_0>() {
-        Some(b) => f16_scale(b.d),
-        None => b.scale(),
-    }
-}
-
-/// `Q4Block::scale` with the fast f16 conversion (the type test folds away).
-#[allow(dead_code)]
-#[inline(always)]
-pub(crate) fn q4_scale<B: Q4Block>(b: &B) -> f32 {
-    match (b as &dyn std::any::Any).downcast_ref::<BlockQ4_0>() {
-        Some(b) => f16_scale(b.d),
-        None => b.scale(),
-    }
-}
-
 /// Borrowed rows of a weight matrix, in their stored type.
 #[derive(Clone, Copy)]
 pub enum WeightData<'a> {
@@ -229,7 +256,7 @@ impl<'a> MatRef<'a> {
 
     /// Dot product of row `r` with one input row.
     #[inline]
-    fn row_dot(&self, r: usize, x: &[f32], xq: &[BlockQ8Act]) -> f32 {
+    fn row_dot(&self, r: usize, x: &[f32], xq: ActRef) -> f32 {
         let (c, b) = (self.cols, self.cols / QK);
         match self.data {
             WeightData::F32(w) => arch::dot_f32(&w[r * c..(r + 1) * c], x),
@@ -260,27 +287,19 @@ impl<'a> MatRef<'a> {
 pub struct Input<'a> {
     pub x: &'a [f32],
     pub cols: usize,
-    q8: OnceLock<Vec<BlockQ8Act>>,
+    q8: OnceLock<ActQ8>,
 }
 
 impl<'a> Input<'a> {
     pub fn new(x: &'a [f32], cols: usize) -> Self {
         debug_assert_eq!(x.len() % cols, 0);
-        Input {
-            x,
-            cols,
-            q8: OnceLock::new(),
-        }
+        Input { x, cols, q8: OnceLock::new() }
     }
     pub fn n_tokens(&self) -> usize {
         self.x.len() / self.cols
     }
-    fn q8(&self) -> &[BlockQ8Act] {
-        self.q8.get_or_init(|| {
-            let mut q = vec![BlockQ8Act::default(); self.x.len() / QK];
-            quantize_act(self.x, &mut q);
-            q
-        })
+    fn q8(&self) -> ActRef<'_> {
+        self.q8.get_or_init(|| ActQ8::quantize(self.x)).as_ref()
     }
 }
 
@@ -310,12 +329,13 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
         assert_eq!(out.len(), n_tok * w.rows);
     }
     let any_quantized = items.iter().any(|(w, _)| w.is_quantized());
-    let xq: &[BlockQ8Act] = if any_quantized { input.q8() } else { &[] };
+    let empty = ActQ8::default();
+    let xq = if any_quantized { input.q8() } else { empty.as_ref() };
     let cols = input.cols;
     let bpr = cols / QK; // activation blocks per token
-    let one_token = |t: usize| -> (&[f32], &[BlockQ8Act]) {
+    let one_token = |t: usize| -> (&[f32], ActRef) {
         let x = &input.x[t * cols..(t + 1) * cols];
-        let q = if xq.is_empty() { xq } else { &xq[t * bpr..(t + 1) * bpr] };
+        let q = if xq.is_empty() { xq } else { xq.range(t * bpr, (t + 1) * bpr) };
         (x, q)
     };
     if n_tok == 1 {
@@ -368,12 +388,15 @@ mod tests {
     //! bit-identical to it: activations are re-quantised between matmuls, so a
     //! one-ulp difference can flip a rounding and move logits by ~1e-2.
     //! Bounds. Quantised dots: each block's integer sum is exact; only the
-    //! per-block f32 scaling and the f32 accumulation round:
-    //! |got − exact| ≤ (blocks + 8)·2^-23·Σ_b |d_b|·Σ_j |w_j·x_j|.
+    //! per-block f32 scaling (two roundings), the ⌈n/8⌉ − 1 adds of a lane
+    //! and the three of the final tree round, so for n blocks
+    //! |got − exact| ≤ (⌈n/8⌉ + 5)·2^-24·Σ_b |d_b|·Σ_j |w_j·x_j|
+    //!                 + (Σ_b Σ_j |w_j·x_j| + 2n + 8)·2^-149,
+    //! the last term for d_w·d_x and products that underflow to subnormals.
     //! f32 dots: 1e-6·n + 1e-6 absolute on values in [-1, 1].
     //! exp (vector kernels, softmax / silu / gelu): relative 1e-6 against f64.
     use super::*;
-    use crate::quant::{dequant_q4, dequant_q8};
+    use crate::quant::{dequant_q4, dequant_q8, BlockQ8Act, Q4Block, Q8Block};
 
     /// Small deterministic generator (xorshift) for test data.
     struct Rng(u64);
@@ -410,10 +433,9 @@ mod tests {
             })
             .collect()
     }
-    fn act(rng: &mut Rng, n_blocks: usize) -> (Vec<f32>, Vec<BlockQ8Act>) {
+    fn act(rng: &mut Rng, n_blocks: usize) -> (Vec<f32>, ActQ8) {
         let x = rng.vec(n_blocks * QK);
-        let mut q = vec![BlockQ8Act::default(); n_blocks];
-        quantize_act(&x, &mut q);
+        let q = ActQ8::quantize(&x);
         (x, q)
     }
     fn f64_dot(a: &[f32], b: &[f32]) -> f64 {
@@ -422,18 +444,19 @@ mod tests {
 
     /// (exact Σ_b d_b·isum_b in f64, the error bound of the module doc).
     fn exact_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> (f64, f64) {
-        let (mut sum, mut mag) = (0.0, 0.0);
+        let (mut sum, mut mag, mut imag) = (0.0, 0.0, 0.0);
         for (bw, bx) in w.iter().zip(x) {
             let d = bw.scale() as f64 * bx.d as f64;
             let s: i64 = bw.quants().iter().zip(&bx.qs).map(|(&a, &b)| a as i64 * b as i64).sum();
             let m: i64 = bw.quants().iter().zip(&bx.qs).map(|(&a, &b)| (a as i64 * b as i64).abs()).sum();
             sum += d * s as f64;
             mag += d.abs() * m as f64;
+            imag += m as f64;
         }
-        (sum, (w.len() + 8) as f64 * f64::powi(2.0, -23) * mag)
+        (sum, bound(w.len(), mag, imag))
     }
     fn exact_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> (f64, f64) {
-        let (mut sum, mut mag) = (0.0, 0.0);
+        let (mut sum, mut mag, mut imag) = (0.0, 0.0, 0.0);
         for (bw, bx) in w.iter().zip(x) {
             let d = bw.scale() as f64 * bx.d as f64;
             let (mut s, mut m) = (0i64, 0i64);
@@ -445,8 +468,39 @@ mod tests {
             }
             sum += d * s as f64;
             mag += d.abs() * m as f64;
+            imag += m as f64;
         }
-        (sum, (w.len() + 8) as f64 * f64::powi(2.0, -23) * mag)
+        (sum, bound(w.len(), mag, imag))
+    }
+    /// The module doc's bound for `n` blocks: (⌈n/8⌉ + 5)·2^-24·mag + (imag + 2n + 8)·2^-149.
+    fn bound(n: usize, mag: f64, imag: f64) -> f64 {
+        (n.div_ceil(8) + 5) as f64 * f64::powi(2.0, -24) * mag + (imag + (2 * n + 8) as f64) * f64::powi(2.0, -149)
+    }
+
+    /// `arch` against `portable` (bit for bit) and the exact f64 sum (within
+    /// `bound`), for these weights as given and with their scales as f32 ×
+    /// `f32_mul`.
+    fn check_quantized(tag: &str, w8: &[BlockQ8_0], w4: &[BlockQ4_0], x: &ActQ8, f32_mul: f32) {
+        let xq = x.as_ref();
+        let xb = xq.blocks();
+        let w8f: Vec<BlockQ8_0F32> = w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32() * f32_mul, qs: b.qs }).collect();
+        let w4f: Vec<BlockQ4_0F32> = w4.iter().map(|b| BlockQ4_0F32 { d: b.d.to_f32() * f32_mul, qs: b.qs }).collect();
+        let check = |name: &str, got: f32, port: f32, (e, bound): (f64, f64)| {
+            assert!((got as f64 - e).abs() <= bound, "{tag} {name}: {got} vs exact {e} (bound {bound:e})");
+            assert_eq!(got.to_bits(), port.to_bits(), "{tag} {name}: {got} vs portable {port}");
+        };
+        // plain blocks (no contiguous scales and sums) give the same bits
+        assert_eq!(arch::dot_q8(w8, xb).to_bits(), arch::dot_q8(w8, xq).to_bits(), "{tag} q8 from blocks");
+        assert_eq!(arch::dot_q4(w4, xb).to_bits(), arch::dot_q4(w4, xq).to_bits(), "{tag} q4 from blocks");
+        assert_eq!(
+            arch::dot_q4(&w4[..w4.len() / 2], xq.range(0, w4.len() / 2)).to_bits(),
+            portable::dot_q4(&w4[..w4.len() / 2], &xb[..w4.len() / 2]).to_bits(),
+            "{tag} q4 range"
+        );
+        check("q8", arch::dot_q8(w8, xq), portable::dot_q8(w8, xq), exact_q8(w8, xb));
+        check("q4", arch::dot_q4(w4, xq), portable::dot_q4(w4, xq), exact_q4(w4, xb));
+        check("q8f32", arch::dot_q8(&w8f, xq), portable::dot_q8(&w8f, xq), exact_q8(&w8f, xb));
+        check("q4f32", arch::dot_q4(&w4f, xq), portable::dot_q4(&w4f, xq), exact_q4(&w4f, xb));
     }
 
     #[test]
@@ -482,20 +536,77 @@ mod tests {
     #[test]
     fn quantized_dots_match_exact_reference_and_portable() {
         let mut rng = Rng(12345);
-        for nb in (1..=40).chain([47, 64, 65, 96, 191, 256, 257]) {
+        for nb in (1..=40).chain([47, 64, 65, 96, 191, 256, 257, 1000]) {
             let (_, xq) = act(&mut rng, nb);
             let w8 = q8_blocks(&mut rng, nb);
             let w4 = q4_blocks(&mut rng, nb);
-            let w8f: Vec<BlockQ8_0F32> = w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32() * 1.5, qs: b.qs }).collect();
-            let w4f: Vec<BlockQ4_0F32> = w4.iter().map(|b| BlockQ4_0F32 { d: b.d.to_f32() * 1.5, qs: b.qs }).collect();
-            let check = |name: &str, got: f32, port: f32, (e, bound): (f64, f64)| {
-                assert!((got as f64 - e).abs() <= bound, "{name} nb={nb}: {got} vs exact {e} (bound {bound:e})");
-                assert_eq!(got.to_bits(), port.to_bits(), "{name} nb={nb}: {got} vs portable {port}");
-            };
-            check("q8", arch::dot_q8(&w8, &xq), portable::dot_q8(&w8, &xq), exact_q8(&w8, &xq));
-            check("q4", arch::dot_q4(&w4, &xq), portable::dot_q4(&w4, &xq), exact_q4(&w4, &xq));
-            check("q8f32", arch::dot_q8(&w8f, &xq), portable::dot_q8(&w8f, &xq), exact_q8(&w8f, &xq));
-            check("q4f32", arch::dot_q4(&w4f, &xq), portable::dot_q4(&w4f, &xq), exact_q4(&w4f, &xq));
+            check_quantized(&format!("random nb={nb}"), &w8, &w4, &xq, 1.5);
+        }
+    }
+
+    /// Extreme quants (−128 weights, ±127 activations, nibbles 0 and 15) and
+    /// scales (zero, −0, f16 subnormals and extremes, f32 subnormals, tiny
+    /// and huge activation scales), mixed block by block.
+    #[test]
+    fn quantized_dots_on_extreme_values_match_portable_and_exact() {
+        let mut rng = Rng(0xdead_beef);
+        let f16s: [u16; 12] =
+            [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0x2e66, 0x1400, 0xb800];
+        let dxs = [0.0f32, 1e-38, 2.5e-30, 1e-3, 0.7, 1e3, 1e20, f32::from_bits(1)];
+        let f32_muls = [1.0f32, 1e-5, 3.0e-39, 1e6];
+        let pick = |rng: &mut Rng, n: usize| (rng.next() % n as u64) as usize;
+        for nb in (1..=40).chain([64, 65, 191, 300]) {
+            for pattern in 0..4 {
+                let q8 = |rng: &mut Rng| -> i8 {
+                    match pattern {
+                        0 => -128,
+                        1 => [127, -128, -127, 0][pick(rng, 4)],
+                        _ => rng.next() as i8,
+                    }
+                };
+                let nib = |rng: &mut Rng| -> u8 {
+                    match pattern {
+                        0 => 0x00,
+                        1 => 0xff,
+                        2 => [0x0f, 0xf0, 0x00, 0xff][pick(rng, 4)],
+                        _ => rng.next() as u8,
+                    }
+                };
+                let xv = |rng: &mut Rng| -> i8 {
+                    match pattern {
+                        0 => 127,
+                        1 => -127,
+                        2 => [127, -127][pick(rng, 2)],
+                        _ => (rng.next() % 255) as i8 as i16 as i8, // may be -128 only via wrap; clamp below
+                    }
+                    .max(-127)
+                };
+                let blocks: Vec<BlockQ8Act> = (0..nb)
+                    .map(|_| {
+                        let mut b = BlockQ8Act { d: dxs[pick(&mut rng, dxs.len())], ..Default::default() };
+                        b.qs.iter_mut().for_each(|v| *v = xv(&mut rng));
+                        b.sum = b.qs.iter().map(|&v| v as i32).sum();
+                        b
+                    })
+                    .collect();
+                let xq = ActQ8::from_blocks(blocks);
+                let w8: Vec<BlockQ8_0> = (0..nb)
+                    .map(|_| {
+                        let mut b = BlockQ8_0 { d: f16::from_bits(f16s[pick(&mut rng, f16s.len())]), qs: [0; QK] };
+                        b.qs.iter_mut().for_each(|v| *v = q8(&mut rng));
+                        b
+                    })
+                    .collect();
+                let w4: Vec<BlockQ4_0> = (0..nb)
+                    .map(|_| {
+                        let mut b = BlockQ4_0 { d: f16::from_bits(f16s[pick(&mut rng, f16s.len())]), qs: [0; QK / 2] };
+                        b.qs.iter_mut().for_each(|v| *v = nib(&mut rng));
+                        b
+                    })
+                    .collect();
+                let mul = f32_muls[pick(&mut rng, f32_muls.len())];
+                check_quantized(&format!("extreme nb={nb} pattern={pattern} f32×{mul:e}"), &w8, &w4, &xq, mul);
+            }
         }
     }
 
@@ -509,8 +620,8 @@ mod tests {
             // Full-range quants up to 32 blocks; beyond, |q| < 16 keeps sums < 2^24.
             let lim: i64 = if nb <= 32 { 127 } else { 15 };
             let q = |rng: &mut Rng| ((rng.next() % (2 * lim as u64 + 1)) as i64 - lim) as i8;
-            let mut xq = vec![BlockQ8Act::default(); nb];
-            for b in xq.iter_mut() {
+            let mut xb = vec![BlockQ8Act::default(); nb];
+            for b in xb.iter_mut() {
                 b.d = 1.0;
                 b.qs.iter_mut().for_each(|v| *v = q(&mut rng));
                 b.sum = b.qs.iter().map(|&v| v as i32).sum();
@@ -521,11 +632,13 @@ mod tests {
                 w8[0].qs[5] = -128; // the sign trick must handle -128 weights
             }
             let w4: Vec<BlockQ4_0> = q4_blocks(&mut rng, nb).into_iter().map(|b| BlockQ4_0 { d: one, ..b }).collect();
-            let e8 = exact_q8(&w8, &xq).0;
-            let e4 = exact_q4(&w4, &xq).0;
+            let e8 = exact_q8(&w8, &xb).0;
+            let e4 = exact_q4(&w4, &xb).0;
+            let xq = ActQ8::from_blocks(xb);
+            let xq = xq.as_ref();
             assert!(e8.abs() < 16_777_216.0 && e4.abs() < 16_777_216.0);
-            assert_eq!(arch::dot_q8(&w8, &xq) as f64, e8, "q8 nb={nb}");
-            assert_eq!(arch::dot_q4(&w4, &xq) as f64, e4, "q4 nb={nb}");
+            assert_eq!(arch::dot_q8(&w8, xq) as f64, e8, "q8 nb={nb}");
+            assert_eq!(arch::dot_q4(&w4, xq) as f64, e4, "q4 nb={nb}");
         }
     }
 
@@ -533,6 +646,7 @@ mod tests {
     fn activation_quantization_error_is_bounded() {
         let mut rng = Rng(777);
         let (x, q) = act(&mut rng, 9);
+        let q = q.as_ref().blocks();
         let mut back = vec![0.0f32; x.len()];
         for (i, b) in q.iter().enumerate() {
             for j in 0..QK {
@@ -615,7 +729,12 @@ mod tests {
             let z: f64 = scores.iter().map(|&v| ((v - mx) as f64).exp()).sum();
             for i in 0..n {
                 let want = ((scores[i] - mx) as f64).exp() / z;
-                assert!((s[i] as f64 - want).abs() <= 1e-6 * want + 1e-37, "softmax n={n} i={i}: {} vs {want}, portable {}", s[i], sp[i]);
+                assert!(
+                    (s[i] as f64 - want).abs() <= 1e-6 * want + 1e-37,
+                    "softmax n={n} i={i}: {} vs {want}, portable {}",
+                    s[i],
+                    sp[i]
+                );
                 assert!((s[i] - sp[i]).abs() as f64 <= 2e-6 * want + 1e-37, "softmax n={n} vs portable");
             }
             // silu over [-30, 30], relative
@@ -728,22 +847,29 @@ mod tests {
     #[ignore]
     fn bench_dots() {
         let mut rng = Rng(1);
-        let (rows, cols) = (8192, 576);
-        let nb = cols / QK;
-        let w4 = q4_blocks(&mut rng, rows * nb);
-        let w8 = q8_blocks(&mut rng, rows * nb);
-        let (_, xq) = act(&mut rng, nb);
-        let time = |name: &str, bytes: usize, f: &dyn Fn() -> f32| {
-            let mut best = f64::MAX;
-            let mut sink = 0.0;
-            for _ in 0..20 {
-                let t = std::time::Instant::now();
-                sink += f();
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            eprintln!("{ISA} {name}: {:.2} ms, {:.1} GB/s ({sink})", best * 1e3, bytes as f64 / best / 1e9);
-        };
-        time("q4", w4.len() * 18, &|| (0..rows).map(|r| arch::dot_q4(&w4[r * nb..(r + 1) * nb], &xq)).sum());
-        time("q8", w8.len() * 34, &|| (0..rows).map(|r| arch::dot_q8(&w8[r * nb..(r + 1) * nb], &xq)).sum());
+        for cols in [576, 1536] {
+            let rows = 8192 * 576 / cols;
+            let nb = cols / QK;
+            let w4 = q4_blocks(&mut rng, rows * nb);
+            let w8 = q8_blocks(&mut rng, rows * nb);
+            let (_, xq) = act(&mut rng, nb);
+            let xq = xq.as_ref();
+            let time = |name: &str, bytes: usize, f: &dyn Fn() -> f32| {
+                let mut best = f64::MAX;
+                let mut sink = 0.0;
+                for _ in 0..20 {
+                    let t = std::time::Instant::now();
+                    sink += f();
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                eprintln!(
+                    "{ISA} {name} ({cols} cols): {:.2} ms, {:.1} GB/s ({sink})",
+                    best * 1e3,
+                    bytes as f64 / best / 1e9
+                );
+            };
+            time("q4", w4.len() * 18, &|| (0..rows).map(|r| arch::dot_q4(&w4[r * nb..(r + 1) * nb], xq)).sum());
+            time("q8", w8.len() * 34, &|| (0..rows).map(|r| arch::dot_q8(&w8[r * nb..(r + 1) * nb], xq)).sum());
+        }
     }
 }

@@ -9,7 +9,7 @@
 
 use half::f16;
 
-use crate::quant::{BlockQ8Act, Q4Block, Q8Block, QK};
+use crate::quant::{ActRef, Q4Block, Q8Block, QK};
 
 /// Σ a[i]·b[i] with eight interleaved partial sums combined pairwise.
 #[inline]
@@ -26,8 +26,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     for i in chunks * 8..a.len() {
         tail += a[i] * b[i];
     }
-    let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    s + tail
+    combine8(acc) + tail
 }
 
 /// Σ w[i]·x[i] for f16 weights, same summation order as `dot_f32`.
@@ -45,40 +44,52 @@ pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
     for i in chunks * 8..w.len() {
         tail += w[i].to_f32() * x[i];
     }
-    let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    s + tail
+    combine8(acc) + tail
 }
 
 /// Q8 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ q_w·q_x), the inner sum exact.
+///
+/// Reduction order (every ISA module follows it, so all builds agree bit for
+/// bit): block i adds (d_w·d_x)·isum as f32 into partial sum i % 8 (no FMA),
+/// and the eight partial sums are combined as in `dot_f32`.
 #[inline]
-pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+pub fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
+    let x = x.into();
     debug_assert_eq!(w.len(), x.len());
-    let mut acc = 0.0f32;
-    for (bw, bx) in w.iter().zip(x) {
+    let mut acc = [0.0f32; 8];
+    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
         let mut isum = 0i32;
         for (&a, &b) in bw.quants().iter().zip(&bx.qs) {
             isum += a as i32 * b as i32;
         }
-        acc += (bw.scale() * bx.d) * isum as f32;
+        acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
     }
-    acc
+    combine8(acc)
 }
 
-/// Q4 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ nibble·q_x − 8·Σ q_x).
+/// Q4 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ nibble·q_x − 8·Σ q_x),
+/// in `dot_q8`'s order.
 #[inline]
-pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+pub fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
+    let x = x.into();
     debug_assert_eq!(w.len(), x.len());
-    let mut acc = 0.0f32;
-    for (bw, bx) in w.iter().zip(x) {
+    let mut acc = [0.0f32; 8];
+    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
         let mut isum = 0i32;
         for (j, &byte) in bw.nibbles().iter().enumerate() {
             isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
             isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
         }
         isum -= 8 * bx.sum;
-        acc += (bw.scale() * bx.d) * isum as f32;
+        acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
     }
-    acc
+    combine8(acc)
+}
+
+/// ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).
+#[inline]
+pub(crate) fn combine8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
 /// out = x / sqrt(mean(x²) + eps) · (w + offset), offset 0 or 1.

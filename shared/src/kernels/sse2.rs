@@ -5,35 +5,70 @@
 //!
 //! Cross-build identity: every reduction here follows `portable`'s order
 //! exactly (quantised dots: the exact per-block integer sum, then
-//! acc += (d_w·d_x)·isum block by block; f32 dots: eight partial sums without
-//! FMA), so dots, rmsnorm and axpy are bit-identical to `portable` and to the
+//! acc[i % 8] += (d_w·d_x)·isum, eight blocks per step; f32 dots: eight
+//! partial sums without FMA), so dots, rmsnorm and axpy are bit-identical to `portable` and to the
 //! other x86 builds. This matters because activations are re-quantised
 //! between matmuls: a one-ulp difference can flip a rounding and move logits
 //! by ~1e-2. exp (`exp4`, a Cephes polynomial) differs from libm's but is
 //! computed by the same operation sequence in every x86 build (no FMA), so the
 //! elementwise ops agree across x86 builds too.
 
-entry_points!(
-    dot_f32,
-    dot_f16_f32,
-    dot_q8,
-    dot_q4,
-    rmsnorm,
-    softmax,
-    axpy,
-    silu_mul,
-    gelu_tanh_mul,
-    f16_to_f32,
-    vexp
-);
+entry_points!(dot_f32, dot_f16_f32, dot_q8, dot_q4, rmsnorm, softmax, axpy, silu_mul, gelu_tanh_mul, f16_to_f32, vexp);
+
+/// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8 of
+/// two 4-lane accumulators (multiply then add), combined as
+/// `portable::combine8`. Eight blocks per step: `|i| isums` gives blocks
+/// i..i+8's exact Σ q_w·q_x as i32 lanes 0..4 and 4..8, `$q4` adds
+/// Q4's −8·Σq, `|j| bits` is weight block i + j's scale bits (f16 when
+/// `$f16`). The last n % 8 blocks (all of them for an `ActRef` without
+/// contiguous scales and sums) go one by one into their lanes with the same
+/// scalar operations: `|b| (isum, scale)` gives block b's exact integer sum
+/// (offset included) and its weight scale. A macro, so that all of it is
+/// inlined into the kernel.
+macro_rules! sum_blocks8 {
+    ($x:expr, $q4:expr, $f16:expr, |$i:ident| $isums:expr, |$j:ident| $bits:expr,
+     |$b:ident| $one:expr $(,)?) => {{
+        use $crate::kernels::sse2::imp as a;
+        let x: $crate::quant::ActRef = $x;
+        let n = x.len();
+        let mut acc = [_mm_setzero_ps(), _mm_setzero_ps()];
+        let mut $i = 0usize;
+        // Without contiguous scales and sums (`ActRef` from plain blocks) every block takes the one-by-one path.
+        let side = x.has_side();
+        while side && $i + 8 <= n {
+            let s: [__m128i; 2] = $isums;
+            let s = if $q4 {
+                let o = a::q4_offsets(x, $i);
+                [_mm_add_epi32(s[0], o[0]), _mm_add_epi32(s[1], o[1])]
+            } else {
+                s
+            };
+            let dw = a::scales8(
+                $f16,
+                #[inline(always)]
+                |$j: usize| $bits,
+            );
+            acc = a::fold8(acc, s, dw, x, $i);
+            $i += 8;
+        }
+        let mut lanes = a::lanes(acc);
+        for $b in $i..n {
+            let (isum, scale): (i32, f32) = $one;
+            lanes[$b % 8] += (scale * x.blocks()[$b].d) * isum as f32;
+        }
+        $crate::kernels::portable::combine8(lanes)
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use sum_blocks8;
 
 pub(super) mod imp {
     use core::arch::x86_64::*;
 
     use half::f16;
 
-    use super::super::{f16_bits_to_f32, q4_scale, q8_scale};
-    use crate::quant::{BlockQ8Act, Q4Block, Q8Block, QK};
+    use super::super::f16_bits_to_f32;
+    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
 
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -75,6 +110,16 @@ pub(super) mod imp {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)))
     }
 
+    /// The eight lanes of two vectors.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn lanes(v: [__m128; 2]) -> [f32; 8] {
+        let mut a = [0.0f32; 8];
+        st(&mut a[..4], v[0]);
+        st(&mut a[4..], v[1]);
+        a
+    }
+
     /// Sum of four i32 lanes (exact).
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -90,15 +135,9 @@ pub(super) mod imp {
         let h = _mm_unpacklo_epi16(h, _mm_setzero_si128());
         let rest = _mm_slli_epi32::<13>(_mm_and_si128(h, _mm_set1_epi32(0x7fff)));
         let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
-        let v = _mm_castps_si128(_mm_mul_ps(
-            _mm_castsi128_ps(rest),
-            _mm_set1_ps(f32::from_bits(0x7780_0000)),
-        ));
+        let v = _mm_castps_si128(_mm_mul_ps(_mm_castsi128_ps(rest), _mm_set1_ps(f32::from_bits(0x7780_0000))));
         let special = _mm_cmpgt_epi32(rest, _mm_set1_epi32(0x0f7f_ffff)); // exponent all ones
-        let nan = _mm_and_si128(
-            _mm_cmpgt_epi32(rest, _mm_set1_epi32(0x0f80_0000)),
-            _mm_set1_epi32(0x0040_0000),
-        );
+        let nan = _mm_and_si128(_mm_cmpgt_epi32(rest, _mm_set1_epi32(0x0f80_0000)), _mm_set1_epi32(0x0040_0000));
         let inf_nan = _mm_or_si128(_mm_or_si128(rest, _mm_set1_epi32(0x7f80_0000)), nan);
         let v = _mm_or_si128(_mm_andnot_si128(special, v), _mm_and_si128(special, inf_nan));
         _mm_castsi128_ps(_mm_or_si128(v, sign))
@@ -169,10 +208,7 @@ pub(super) mod imp {
     fn madd_i8(a: __m128i, b: __m128i) -> __m128i {
         let ext_lo = |v| _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
         let ext_hi = |v| _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
-        _mm_add_epi32(
-            _mm_madd_epi16(ext_lo(a), ext_lo(b)),
-            _mm_madd_epi16(ext_hi(a), ext_hi(b)),
-        )
+        _mm_add_epi32(_mm_madd_epi16(ext_lo(a), ext_lo(b)), _mm_madd_epi16(ext_hi(a), ext_hi(b)))
     }
 
     /// Σ of 16 u8 (< 128) × i8 products in four i32 lanes (exact).
@@ -188,37 +224,128 @@ pub(super) mod imp {
         )
     }
 
-    /// Q8 weights · Q8 activations: per block the exact integer sum, then
-    /// acc += (d_w·d_x)·isum in block order, as `portable` (bit-identical).
+    /// `v[i..i + 8]` (f32 or i32) as two vectors.
     #[inline]
     #[target_feature(enable = "sse2")]
-    pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
-        debug_assert_eq!(w.len(), x.len());
-        let mut acc = 0.0f32;
-        for (bw, bx) in w.iter().zip(x) {
-            let ((w0, w1), (x0, x1)) = (halves(bw.quants()), halves(&bx.qs));
-            let s = _mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1));
-            acc += (q8_scale(bw) * bx.d) * hsum_i32(s) as f32;
+    fn ld8<T: Copy>(v: &[T], i: usize) -> [__m128i; 2] {
+        assert_eq!(core::mem::size_of::<T>(), 4);
+        let c: &[T; 8] = v[i..i + 8].try_into().unwrap();
+        // SAFETY: `c` points to 8 readable 4-byte values (asserted); loadu needs no alignment.
+        let l = |o: usize| unsafe { _mm_loadu_si128(c[o..].as_ptr() as *const __m128i) };
+        [l(0), l(4)]
+    }
+
+    /// Eight weight scales as two f32 vectors (lanes 0..4, 4..8) from their
+    /// bits (f16 when `f16`, converted exactly; else f32).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn scales8(f16: bool, bits: impl Fn(usize) -> u32) -> (__m128, __m128) {
+        if f16 {
+            let h = |j| bits(j) as u16 as i16;
+            let v = _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7));
+            (cvt_f16x4(v), cvt_f16x4(_mm_unpackhi_epi64(v, v)))
+        } else {
+            let f = |j| bits(j) as i32;
+            (
+                _mm_castsi128_ps(_mm_setr_epi32(f(0), f(1), f(2), f(3))),
+                _mm_castsi128_ps(_mm_setr_epi32(f(4), f(5), f(6), f(7))),
+            )
         }
-        acc
+    }
+
+    /// −8·Σq of activation blocks i..i+8 as i32 lanes 0..4, 4..8: Q4's offset.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn q4_offsets(x: ActRef, i: usize) -> [__m128i; 2] {
+        let neg8 = |v| _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<3>(v));
+        let [a, b] = ld8(x.sum, i);
+        [neg8(a), neg8(b)]
+    }
+
+    /// `sum_blocks8!`'s step: acc + (d_w·d_x)·isums for blocks i..i+8.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn fold8(acc: [__m128; 2], s: [__m128i; 2], dw: (__m128, __m128), x: ActRef, i: usize) -> [__m128; 2] {
+        let [a, b] = ld8(x.d, i);
+        let dx = [_mm_castsi128_ps(a), _mm_castsi128_ps(b)];
+        let d0 = _mm_mul_ps(dw.0, dx[0]);
+        let d1 = _mm_mul_ps(dw.1, dx[1]);
+        [
+            _mm_add_ps(acc[0], _mm_mul_ps(d0, _mm_cvtepi32_ps(s[0]))),
+            _mm_add_ps(acc[1], _mm_mul_ps(d1, _mm_cvtepi32_ps(s[1]))),
+        ]
+    }
+
+    /// Four vectors of per-block i32 partial sums → the four block sums (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn reduce4(v: [__m128i; 4]) -> __m128i {
+        let pair = |a, b| _mm_add_epi32(_mm_unpacklo_epi32(a, b), _mm_unpackhi_epi32(a, b));
+        let (a, b) = (pair(v[0], v[1]), pair(v[2], v[3]));
+        _mm_add_epi32(_mm_unpacklo_epi64(a, b), _mm_unpackhi_epi64(a, b))
+    }
+
+    /// Eight per-block vectors → the block sums in lanes 0..4 and 4..8.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn reduce8(v: [__m128i; 8]) -> [__m128i; 2] {
+        [reduce4([v[0], v[1], v[2], v[3]]), reduce4([v[4], v[5], v[6], v[7]])]
+    }
+
+    /// Q8 weights · Q8 activations: per block the exact integer sum, eight
+    /// blocks per step in `portable`'s lane order (bit-identical).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let x = x.range(0, w.len().min(x.len()));
+        sum_blocks8!(
+            x,
+            false,
+            B::F16_SCALE,
+            |i| reduce8(unroll!(8, |j| {
+                let ((w0, w1), (x0, x1)) = (halves(w[i + j].quants()), halves(&x.blocks()[i + j].qs));
+                _mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b| (
+                {
+                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
+                    hsum_i32(_mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1)))
+                },
+                w[b].scale()
+            ),
+        )
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact), scaled as `dot_q8`.
     #[inline]
     #[target_feature(enable = "sse2")]
-    pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let mut acc = 0.0f32;
+        let x = x.range(0, w.len().min(x.len()));
         let m = _mm_set1_epi8(0x0f);
-        for (bw, bx) in w.iter().zip(x) {
-            let n = ld16(bw.nibbles());
-            let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-            let (x0, x1) = halves(&bx.qs);
-            let s = _mm_add_epi32(_mm_cvtsi32_si128(-8 * bx.sum), madd_u8i8(lo, x0));
-            let s = _mm_add_epi32(s, madd_u8i8(hi, x1));
-            acc += (q4_scale(bw) * bx.d) * hsum_i32(s) as f32;
-        }
-        acc
+        sum_blocks8!(
+            x,
+            true,
+            B::F16_SCALE,
+            |i| reduce8(unroll!(8, |j| {
+                let n = ld16(w[i + j].nibbles());
+                let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+                let (x0, x1) = halves(&x.blocks()[i + j].qs);
+                _mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b| (
+                {
+                    let n = ld16(w[b].nibbles());
+                    let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+                    let (x0, x1) = halves(&x.blocks()[b].qs);
+                    hsum_i32(_mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))) - 8 * x.blocks()[b].sum
+                },
+                w[b].scale()
+            ),
+        )
     }
 
     /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.
@@ -230,10 +357,7 @@ pub(super) mod imp {
         let (vi, vo) = (_mm_set1_ps(inv), _mm_set1_ps(offset));
         let mut i = 0;
         while i + 4 <= n {
-            st(
-                &mut out[i..i + 4],
-                _mm_mul_ps(_mm_mul_ps(ld(&x[i..i + 4]), vi), _mm_add_ps(ld(&w[i..i + 4]), vo)),
-            );
+            st(&mut out[i..i + 4], _mm_mul_ps(_mm_mul_ps(ld(&x[i..i + 4]), vi), _mm_add_ps(ld(&w[i..i + 4]), vo)));
             i += 4;
         }
         for j in i..n {
@@ -298,13 +422,7 @@ pub(super) mod imp {
             _mm_mul_ps(nf, _mm_set1_ps(-2.121_944_4e-4)),
         );
         let mut p = _mm_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            5.000_000_1e-1,
-        ] {
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
             p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(c));
         }
         let y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), r), _mm_set1_ps(1.0));

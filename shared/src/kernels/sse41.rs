@@ -11,9 +11,9 @@ entry_points!(dot_q8, dot_q4);
 mod imp {
     use core::arch::x86_64::*;
 
-    use super::super::sse2::imp::{halves, hsum_i32, ld16};
-    use super::super::{q4_scale, q8_scale};
-    use crate::quant::{BlockQ8Act, Q4Block, Q8Block};
+    use super::super::sse2::imp::{halves, hsum_i32, ld16, reduce8};
+    use super::super::sse2::sum_blocks8;
+    use crate::quant::{ActRef, Q4Block, Q8Block};
 
     /// Σ of 16 u8 × i8 products in four i32 lanes. Exact while each pair sum
     /// fits i16: |u| ≤ 128 with |s| ≤ 127, or u ≤ 15.
@@ -25,35 +25,62 @@ mod imp {
 
     /// Q8 weights · Q8 activations. Activation quants are in [-127, 127]
     /// (`quantize_act`), so sign(x, w) never overflows and |w| ≤ 128 is exact.
+    /// Eight blocks per step in `portable`'s lane order (sse2's `sum_blocks8`).
     #[inline]
     #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q8<B: Q8Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let mut acc = 0.0f32;
-        for (bw, bx) in w.iter().zip(x) {
-            let ((w0, w1), (x0, x1)) = (halves(bw.quants()), halves(&bx.qs));
-            let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
-            let s = _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1)));
-            acc += (q8_scale(bw) * bx.d) * hsum_i32(s) as f32; // `portable`'s order
-        }
-        acc
+        let x = x.range(0, w.len().min(x.len()));
+        sum_blocks8!(
+            x,
+            false,
+            B::F16_SCALE,
+            |i| reduce8(unroll!(8, |j| {
+                let ((w0, w1), (x0, x1)) = (halves(w[i + j].quants()), halves(&x.blocks()[i + j].qs));
+                let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
+                _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1)))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b| (
+                {
+                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
+                    let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
+                    hsum_i32(_mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1))))
+                },
+                w[b].scale()
+            ),
+        )
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).
     #[inline]
     #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act]) -> f32 {
+    pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let mut acc = 0.0f32;
+        let x = x.range(0, w.len().min(x.len()));
         let m = _mm_set1_epi8(0x0f);
-        for (bw, bx) in w.iter().zip(x) {
-            let n = ld16(bw.nibbles());
-            let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-            let (x0, x1) = halves(&bx.qs);
-            let s = _mm_add_epi32(_mm_cvtsi32_si128(-8 * bx.sum), maddubs(lo, x0));
-            let s = _mm_add_epi32(s, maddubs(hi, x1));
-            acc += (q4_scale(bw) * bx.d) * hsum_i32(s) as f32; // `portable`'s order
-        }
-        acc
+        sum_blocks8!(
+            x,
+            true,
+            B::F16_SCALE,
+            |i| reduce8(unroll!(8, |j| {
+                let n = ld16(w[i + j].nibbles());
+                let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+                let (x0, x1) = halves(&x.blocks()[i + j].qs);
+                // pair sums ≤ 2·15·127, twice: the i16 add is exact
+                let s = _mm_add_epi16(_mm_maddubs_epi16(lo, x0), _mm_maddubs_epi16(hi, x1));
+                _mm_madd_epi16(s, _mm_set1_epi16(1))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b| (
+                {
+                    let n = ld16(w[b].nibbles());
+                    let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
+                    let (x0, x1) = halves(&x.blocks()[b].qs);
+                    hsum_i32(_mm_add_epi32(maddubs(lo, x0), maddubs(hi, x1))) - 8 * x.blocks()[b].sum
+                },
+                w[b].scale()
+            ),
+        )
     }
 }
