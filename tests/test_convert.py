@@ -302,7 +302,7 @@ def test_qwen3_5_converts(tmp_path):
     out = tmp_path / "m.mlb"
     run_tool("convert.py", TINY / "qwen3_5-hybrid", "-o", out, "--type", "q8_0")
     r = mlb.MlbReader(out)
-    assert r.meta["arch"] == "qwen3_5" and "blk.0.linear_in_proj_qkv" in r.tensors
+    assert r.meta["arch"] == "qwen3_5" and "blk.0.ssm_qkv" in r.tensors and r.tensors["blk.0.ssm_conv"][1] == (128, 4)
     assert r.tensors["blk.3.attn_q"][1] == (256, 64)
 
 

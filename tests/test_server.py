@@ -211,8 +211,11 @@ def test_stop_strings_never_leak(server):
     toks = full.choices[0].logprobs.tokens
     assert "".join(toks) == text and len(toks) == 16
     # A stop string across a token boundary: the end of one token and the start of the next.
-    i = next(i for i in range(2, len(toks) - 1) if len(toks[i].strip()) >= 2 and len(toks[i + 1].strip()) >= 2)
-    stop = toks[i][-2:] + toks[i + 1][:2]
+    # Prefer two characters from each side; fall back to one (the greedy text depends on the build).
+    pairs = [(i, n) for n in (2, 1) for i in range(2, len(toks) - 1)
+             if len(toks[i].strip()) >= n and len(toks[i + 1].strip()) >= n]
+    i, n = pairs[0]
+    stop = toks[i][-n:] + toks[i + 1][:n]
     want = text[:text.find(stop)]
     r = c.completions.create(stop=[stop, "zzzz-never"], **kw)
     assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"

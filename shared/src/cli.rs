@@ -228,6 +228,9 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
     if prompt.is_empty() {
         return Err("the prompt is empty".into());
     }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size));
+    }
     let ctx = match args.ctx {
         Some(0) => return Err("--ctx must be at least 1".into()),
         Some(n) if n > cfg.context_length => {
