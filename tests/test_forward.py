@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_ml, run_tool
+from conftest import FIXTURES, TOOLS, run_ml, run_tool
 
 # Every family fixture: Llama 2, Llama 3 scaling, SmolLM2 (tied), Mistral (sliding
 # window), Qwen2 (biases), Qwen3 (q/k norm), SmolLM3 (NoPE layers), Gemma 2
@@ -114,3 +114,26 @@ def test_kv_memory_matches_the_formula(converted):
         assert abs(mib - 2 * 4 * 256 * 4 * 16 * per_value / 2**20) < 0.05, p.stderr
     p = run_ml(mlb, "--prompt-ids", "1,2", "-n", "0", "--kv", "q8", check=False)
     assert p.returncode == 2 and "multiple of 32" in p.stderr
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_llama2c_checkpoint_runs_like_the_fixture(version, tmp_path):
+    """A llama2.c checkpoint written from the llama2 fixture's weights (v0 float32, v2 Q8_0)
+    converts and runs to the fixture's logits (v2 within its Q8 weight error)."""
+    import sys
+    sys.path.insert(0, str(TOOLS))
+    import llama2c
+    import q4_experiment as qe
+
+    meta, weights = qe.load_model(str(FIXTURES / "hf-tiny" / "llama2"))
+    ck = tmp_path / "model.bin"
+    {0: llama2c.write_v0, 2: llama2c.write_v2}[version](str(ck), meta, weights)
+    mlb = tmp_path / "m.mlb"
+    run_tool("convert.py", ck, "-o", mlb, "--type", "f32")
+    ids, want, greedy = reference("llama2")
+    got = logits_of(mlb, ids, tmp_path).reshape(want.shape)
+    if version == 0:
+        assert np.abs(got - want).max() <= 1e-3
+        assert greedy_of(mlb, ids, 16) == greedy
+    else:
+        assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.7

@@ -358,3 +358,59 @@ def test_gguf_tokenizer_matches_json(smollm2_gguf, converted, cases_binary, tmp_
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_llama2c_tokenizer_bin(cases_binary, tmp_path):
+    """llama2.c's tokenizer.bin (scores, no merges; spaces for U+2581; Llama 2 ids 0/1/2 =
+    <unk>/<s>/</s>) converts to the tokenizer HF builds from the same pieces and scores, with
+    Llama 2's prefix space. Pieces: the first 32768 Gemma 3 tokens with ids 0..2 renamed."""
+    import struct
+
+    j = json.loads(tokenizer_json("gemma3").read_text(encoding="utf-8"))
+    by_id = sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1])
+    # The first 32768 pieces plus every piece of one or two characters (letters, digits, "▁x"),
+    # renumbered in order, so that ordinary words merge instead of falling back to bytes.
+    tokens = [t for t, i in by_id if i < 32768 or len(t) <= 2]
+    n = len(tokens)
+    old_id = {t: i for t, i in by_id}
+    tokens[0], tokens[1], tokens[2] = "<unk>", "<s>", "</s>"
+    keep = set(tokens)
+    j["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
+    j["model"]["unk_token"] = "<unk>"
+    j["model"]["merges"] = [m for m in j["model"]["merges"] if m[0] in keep and m[1] in keep and m[0] + m[1] in keep]
+    j["added_tokens"] = [dict(a, content=tokens[a["id"]]) for a in j["added_tokens"] if a["id"] <= 2]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+    j["pre_tokenizer"] = None
+    j["decoder"]["decoders"].append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    j["post_processor"] = {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(j), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+
+    pieces = [t.replace("\u2581", " ") for t in tokens]
+    pieces[1], pieces[2] = "\n<s>\n", "\n</s>\n"
+    raw = [p.encode("utf-8") for p in pieces]
+    with open(tmp_path / "tokenizer.bin", "wb") as f:
+        f.write(struct.pack("<i", max(map(len, raw))))
+        for t, b in zip(tokens, raw):  # SentencePiece scores: the original rank
+            f.write(struct.pack("<fi", -float(old_id.get(t, 0)), len(b)) + b)
+    mlt = tmp_path / "t.mlt"
+    run_tool("convert_tokenizer.py", tmp_path / "tokenizer.bin", "-o", mlt)
+    texts = [t for t in CASES if t != LONG_PARAGRAPH and "<" not in t][:40]
+    assert len(hf.encode("hello world").ids) <= 4  # words merge
+    results = iter(cases_binary(mlt, encode_lines(texts), tmp_path))
+    for text in texts:
+        for add_special in (False, True):
+            got = next(results)
+            assert got["ids"] == hf.encode(text, add_special_tokens=add_special).ids, (text, add_special)
+            if not add_special:
+                assert text_of(got) == hf.decode(got["ids"], skip_special_tokens=False), text
+
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes((tmp_path / "tokenizer.bin").read_bytes()[:1001])
+    p = run_tool("convert_tokenizer.py", bad, "-o", tmp_path / "bad.mlt", check=False)
+    assert p.returncode == 2 and "truncated" in p.stderr or "bad length" in p.stderr

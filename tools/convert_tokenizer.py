@@ -49,6 +49,7 @@ GGUF_PRE = {
 # GGUF token types (llama.cpp) -> .mlt token types. 5 = unused: HF marks these special.
 GGUF_TYPE = {1: T_NORMAL, 2: T_UNKNOWN, 3: T_CONTROL, 4: T_USER, 5: T_CONTROL, 6: T_BYTE}
 
+METASPACE = "\u2581"
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
 
 
@@ -411,6 +412,49 @@ def read_gguf(path):
 
 
 # ---------------------------------------------------------------------------------------------
+# llama2.c tokenizer.bin
+# ---------------------------------------------------------------------------------------------
+
+def read_llama2c(path):
+    """llama2.c's tokenizer.bin: i32 max_token_length, then per token f32 score, i32 length,
+    bytes. llama2.c's exporter writes SentencePiece pieces with U+2581 replaced by a space and
+    BOS/EOS as "\n<s>\n" / "\n</s>\n"; ids 0, 1, 2 are <unk>, <s>, </s> (Llama 2)."""
+    data = path.read_bytes()
+    if len(data) < 4:
+        raise Unsupported("truncated tokenizer.bin header")
+    (max_len,) = struct.unpack_from("<i", data, 0)
+    if not 0 < max_len <= 65536:
+        raise Unsupported(f"tokenizer.bin max_token_length {max_len} is out of range")
+    pos, tokens, scores = 4, [], []
+    while pos < len(data):
+        if pos + 8 > len(data):
+            raise Unsupported(f"tokenizer.bin is truncated in token {len(tokens)}")
+        score, n = struct.unpack_from("<fi", data, pos)
+        pos += 8
+        if not 0 <= n <= max_len or pos + n > len(data):
+            raise Unsupported(f"tokenizer.bin token {len(tokens)} has a bad length {n}")
+        tokens.append(data[pos:pos + n].decode("utf-8"))
+        scores.append(score)
+        pos += n
+    if len(tokens) < 3:
+        raise Unsupported("tokenizer.bin has fewer than 3 tokens")
+    tokens = [t.replace(" ", METASPACE) for t in tokens]
+    tokens[1], tokens[2] = tokens[1].strip("\n"), tokens[2].strip("\n")
+    types = [T_NORMAL] * len(tokens)
+    types[0], types[1], types[2] = T_UNKNOWN, T_CONTROL, T_CONTROL
+    for i, t in enumerate(tokens):
+        if BYTE_TOKEN.match(t):
+            types[i] = T_BYTE
+    token_to_id = {}
+    for i, t in enumerate(tokens):
+        token_to_id.setdefault(t, i)
+    flags = FLAG_BYTE_FALLBACK | FLAG_METASPACE | FLAG_PREFIX_SPACE | FLAG_ADD_BOS
+    return dict(kind=KIND_SPM_BPE, pre=PRE_NONE, flags=flags, bos=1, eos=2, eot=None, unk=0, pad=None,
+                jinja="", tokens=tokens, scores=scores, types=types,
+                merges=spm_merges_from_scores(tokens, scores, types), token_to_id=token_to_id)
+
+
+# ---------------------------------------------------------------------------------------------
 # .mlt writer
 # ---------------------------------------------------------------------------------------------
 
@@ -477,12 +521,14 @@ def write_atomic(data, dest):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Convert tokenizer.json / .gguf to Krafla .mlt")
-    ap.add_argument("input", type=pathlib.Path, help="tokenizer.json or model .gguf")
+    ap.add_argument("input", type=pathlib.Path, help="tokenizer.json, a model .gguf, or llama2.c tokenizer.bin")
     ap.add_argument("-o", "--output", type=pathlib.Path, required=True, help="output .mlt")
     args = ap.parse_args(argv)
     try:
         if args.input.suffix == ".gguf":
             tok = read_gguf(args.input)
+        elif args.input.suffix == ".bin":
+            tok = read_llama2c(args.input)
         else:
             tok = read_tokenizer_json(args.input)
         data = encode_mlt(finish(tok))
