@@ -6,7 +6,9 @@ emulated older CPUs with qemu-user:
   with one line naming the missing feature; a build that fits runs;
 * the sse2 and sse41 builds end to end on qemu64 / Nehalem give the native
   build's logits (all builds share the integer math) within 1e-4;
-* the launcher ml_run picks the fastest build the (emulated) CPU can run.
+* the launcher ml_run picks the fastest build the (emulated) CPU can run,
+  natively too; `--isa`, `--list-isas`, `--version`, the ml_server name and
+  the `ml_variant` fallback of a plain `cargo build`.
 
 Needs qemu-user (`apt-get install qemu-user`). Without qemu-x86_64 or the dist
 builds the tests skip, except in CI (env CI set), where they fail.
@@ -153,3 +155,93 @@ def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny, cpu, want):
     p = under_qemu(qemu, cpu, dist / "ml_run", tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0")
     assert p.returncode == 0, p.stderr
     assert f"krafla: isa {want}," in p.stderr, p.stderr
+    # --list-isas marks the same build, and names what the others lack.
+    p = under_qemu(qemu, cpu, dist / "ml_run", "--list-isas")
+    assert p.returncode == 0, p.stderr
+    rows = {l.split()[0]: l for l in p.stdout.splitlines() if l.startswith("ml_")}
+    assert sorted(rows) == sorted(f"ml_{i}" for i in VARIANTS), p.stdout
+    for isa in VARIANTS:
+        row = rows[f"ml_{isa}"].split()
+        assert row[1] == "yes", row  # present
+        fits = EXPECT[cpu][isa] is None
+        assert row[2] == ("yes" if fits else "no"), (cpu, row)
+        if not fits:
+            assert f"no ({EXPECT[cpu][isa]})" in rows[f"ml_{isa}"], (cpu, row)
+        assert (row[3] == "*") == (isa == want), (cpu, row)
+
+
+def cpu_flags():
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def test_launcher_natively_picks_the_best_build(dist, tiny):
+    best = native_best(dist)
+    if "avx512_vnni" in cpu_flags() and "avx512bw" in cpu_flags():
+        assert best == "avx512vnni"
+    p = subprocess.run([str(dist / "ml_run"), "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("ml_run ") and p.stdout.strip().endswith(f"/ml_{best}"), p.stdout
+    p = subprocess.run([str(dist / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and f"krafla: isa {best}," in p.stderr, p.stderr
+
+
+def test_launcher_forced_isa(qemu, dist, tiny, tmp_path):
+    run = lambda *a: subprocess.run([str(dist / "ml_run"), *map(str, a)], capture_output=True, text=True,
+                                    timeout=120)
+    for isa in VARIANTS:
+        if EXPECT["Nehalem"][isa] is None:  # every CPU that runs these tests has at least Nehalem's features
+            p = run("--isa", isa, tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0")
+            assert p.returncode == 0 and f"krafla: isa {isa}," in p.stderr, p.stderr
+    p = run(tiny["q8_0"], "--isa=sse2", "--prompt-ids", "1,2", "-n", "0")  # anywhere on the line, = form
+    assert p.returncode == 0 and "krafla: isa sse2," in p.stderr, p.stderr
+    p = run("--isa", "avx9", tiny["q8_0"])
+    assert p.returncode == 2 and "unknown ISA 'avx9'" in p.stderr and "avx512vnni, avx2, sse41, sse2" in p.stderr
+    p = run("--isa")
+    assert p.returncode == 2 and "--isa needs" in p.stderr
+    # The CPU lacks it (emulated Nehalem has no AVX2): a clear error, not the guard's exit 3.
+    p = under_qemu(qemu, "Nehalem", dist / "ml_run", "--isa", "avx2", tiny["q8_0"])
+    assert p.returncode == 2, p.stderr
+    assert krafla_lines(p.stderr) == ["ml_run: --isa avx2: this CPU lacks the feature 'avx2', which ml_avx2 needs"]
+    # The file is missing.
+    shutil.copy(dist / "ml_run", tmp_path / "ml_run")
+    shutil.copy(dist / "ml_sse2", tmp_path / "ml_sse2")
+    p = subprocess.run([str(tmp_path / "ml_run"), "--isa", "sse41", tiny["q8_0"]], capture_output=True, text=True)
+    assert p.returncode == 2 and "ml_sse41 is not in this directory" in p.stderr, p.stderr
+    # ... and without --isa the one present build that fits is used.
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "krafla: isa sse2," in p.stderr, p.stderr
+
+
+def test_launcher_without_builds_and_fallback(dist, tiny, tmp_path):
+    shutil.copy(dist / "ml_run", tmp_path / "ml_run")
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"]], capture_output=True, text=True)
+    assert p.returncode == 2 and "no Krafla build" in p.stderr, p.stderr
+    # A plain `cargo build` leaves ml_variant beside ml_run: the fallback.
+    shutil.copy(dist / "ml_sse41", tmp_path / "ml_variant")
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "krafla: isa sse41," in p.stderr, p.stderr
+    host = REPO / "target" / "release"
+    if (host / "ml_run").is_file() and (host / "ml_variant").is_file():
+        p = subprocess.run([str(host / "ml_run"), "--version"], capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout.strip().endswith("/ml_variant"), p.stdout + p.stderr
+
+
+def test_ml_server_name_prepends_server(dist, tmp_path):
+    """Installed as ml_server (busybox style) the launcher runs the build with --server first."""
+    for name in ["ml_run", "ml_sse2"]:
+        shutil.copy(dist / name, tmp_path / name)
+    os.symlink("ml_run", tmp_path / "ml_server")
+    p = subprocess.run([str(tmp_path / "ml_server"), "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    direct = subprocess.run([str(dist / "ml_sse2"), "--server", "--help"], capture_output=True, text=True)
+    assert direct.stdout and direct.stdout in p.stdout, (p.stdout, direct.stdout)
+    p = subprocess.run([str(tmp_path / "ml_server"), "--version"], capture_output=True, text=True)
+    assert p.stdout.startswith("ml_server "), p.stdout

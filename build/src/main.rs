@@ -5,9 +5,15 @@
 //!   cargo xtask test                  the whole test suite: Rust unit tests, the kernel
 //!                                     tests of every x86-64 variant, the per-ISA builds,
 //!                                     then the end-to-end pytest suite in tests/
-//!   cargo xtask dist linux-x86_64 [--isa NAME]
+//!   cargo xtask dist PLATFORM [--isa NAME]
 //!                                     one static executable per ISA variant (or just NAME)
-//!                                     in dist/linux-x86_64/ml_<isa>, plus the launcher ml_run
+//!                                     in dist/PLATFORM/ml_<isa>, plus the launcher ml_run;
+//!                                     PLATFORM: linux-x86_64 or windows-x86_64 (.exe)
+//!   cargo xtask release PLATFORM      dist/krafla-<version>-PLATFORM.tar.gz (linux) or .zip
+//!                                     (windows): ml_run, ml_server, every ml_<isa>, README.md,
+//!                                     LICENSE, SHA256SUMS; executables stripped and checked static
+//!   cargo xtask check-static FILE...  each FILE a static (no PT_INTERP/DT_NEEDED; Windows:
+//!                                     system DLLs only), stripped executable
 //!   cargo xtask kernel-tests [--isa NAME]
 //!                                     the kernel unit tests once per x86-64 variant, each
 //!                                     compiled with that variant's target features
@@ -15,10 +21,39 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod archive;
+mod static_check;
 mod variants;
 use variants::{Variant, X86_64_VARIANTS};
 
-const LINUX_X86_64_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+/// A platform we build release executables for.
+struct Platform {
+    /// `dist/<name>/`, `krafla-<version>-<name>.<ext>`
+    name: &'static str,
+    triple: &'static str,
+    exe_suffix: &'static str,
+    /// `strip` for this target's executables.
+    strip: &'static str,
+    zip: bool,
+}
+
+const PLATFORMS: &[Platform] = &[
+    Platform { name: "linux-x86_64", triple: "x86_64-unknown-linux-gnu", exe_suffix: "", strip: "strip", zip: false },
+    Platform {
+        name: "windows-x86_64",
+        triple: "x86_64-pc-windows-gnu",
+        exe_suffix: ".exe",
+        strip: "x86_64-w64-mingw32-strip",
+        zip: true,
+    },
+];
+
+fn platform(name: &str) -> Result<&'static Platform, String> {
+    PLATFORMS.iter().find(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<&str> = PLATFORMS.iter().map(|p| p.name).collect();
+        format!("unknown platform '{name}' (have: {})", names.join(", "))
+    })
+}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("build/ lives in the repository").to_path_buf()
@@ -98,11 +133,28 @@ fn test() -> Result<(), String> {
     #[cfg(target_arch = "x86_64")]
     {
         kernel_tests(None)?;
-        // The per-ISA builds for tests/test_isa_guard.py.
+        // The per-ISA builds for tests/test_isa_guard.py, and the release
+        // archives for tests/test_release.py.
         #[cfg(target_os = "linux")]
-        dist("linux-x86_64", None)?;
+        {
+            release("linux-x86_64")?;
+            // Without the Windows toolchain the archive is missing and
+            // tests/test_release.py says so (skips, or fails in CI).
+            match windows_toolchain() {
+                Ok(()) => release("windows-x86_64")?,
+                Err(e) => eprintln!("xtask: NOT building the Windows release: {e}"),
+            }
+        }
     }
-    run(Command::new(python()).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]))
+    let mut pytest = Command::new(python());
+    pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]);
+    // End-to-end tests go through the launcher of the per-ISA builds when they
+    // exist (it picks the fastest one this CPU runs), else the host build.
+    let launcher = repo_root().join("dist/linux-x86_64/ml_run");
+    if launcher.exists() && std::env::var_os("KRAFLA_BIN").is_none() {
+        pytest.env("KRAFLA_BIN", &launcher);
+    }
+    run(&mut pytest)
 }
 
 /// The variants selected by `--isa NAME` (all when None).
@@ -116,8 +168,13 @@ fn selected(isa: Option<&str>) -> Result<Vec<&'static Variant>, String> {
     }
 }
 
-/// cargo for one variant: its target features (static C runtime), its own target dir.
+/// cargo for one variant: its target features (static C runtime), its own
+/// target dir (shared by every target triple of that variant).
 fn variant_cargo(v: &Variant, subcommand: &str) -> Command {
+    variant_cargo_for(v, subcommand, PLATFORMS[0].triple)
+}
+
+fn variant_cargo_for(v: &Variant, subcommand: &str, triple: &str) -> Command {
     let mut flags = String::from("-C target-feature=+crt-static");
     if !v.rustc_features.is_empty() {
         flags.push(',');
@@ -127,7 +184,7 @@ fn variant_cargo(v: &Variant, subcommand: &str) -> Command {
     cmd.env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("RUSTFLAGS", flags)
         .env("KRAFLA_EXPECT_ISA", v.name)
-        .args([subcommand, "--release", "--target", LINUX_X86_64_TRIPLE, "--target-dir"])
+        .args([subcommand, "--release", "--target", triple, "--target-dir"])
         .arg(format!("target/{}", v.name));
     cmd
 }
@@ -188,28 +245,155 @@ fn kernel_tests(_isa: Option<&str>) -> Result<(), String> {
     Err("kernel-tests: only the x86-64 variants exist so far".into())
 }
 
-/// Static per-ISA executables and the launcher in dist/<platform>/.
-fn dist(platform: &str, isa: Option<&str>) -> Result<(), String> {
-    if platform != "linux-x86_64" {
-        return Err(format!("dist: platform '{platform}' is not supported yet (have: linux-x86_64)"));
+/// Runs `cmd --version`-style probe; Ok when it starts and succeeds.
+fn probe(program: &str, arg: &str) -> bool {
+    Command::new(program).arg(arg).output().is_ok_and(|o| o.status.success())
+}
+
+/// The cross toolchain for windows-x86_64, or the exact commands that install it.
+fn windows_toolchain() -> Result<(), String> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("cannot run {rustc}: {e}"))?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let mut missing = Vec::new();
+    if !sysroot.join("lib/rustlib/x86_64-pc-windows-gnu/lib").is_dir() {
+        missing.push("the Rust target: rustup target add x86_64-pc-windows-gnu");
     }
-    let out = repo_root().join("dist").join(platform);
+    if !probe("x86_64-w64-mingw32-gcc", "--version") || !probe("x86_64-w64-mingw32-strip", "--version") {
+        missing.push("the MinGW-w64 linker: apt-get install -y gcc-mingw-w64-x86-64");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the windows-x86_64 build needs {}", missing.join("; and ")))
+    }
+}
+
+/// Static per-ISA executables and the launcher in dist/<platform>/.
+fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
+    let p = platform(platform_name)?;
+    if p.zip {
+        windows_toolchain()?;
+    }
+    let out = repo_root().join("dist").join(p.name);
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let copy = |from: PathBuf, to: PathBuf| -> Result<(), String> {
+        // Remove first: a hard link or a running copy must not be written through.
+        let _ = std::fs::remove_file(&to);
         std::fs::copy(&from, &to).map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
         eprintln!("xtask: dist: {}", to.display());
         Ok(())
     };
+    let exe = |stem: &str| format!("{stem}{}", p.exe_suffix);
     for v in selected(isa)? {
-        run(variant_cargo(v, "build").args(["-p", "krafla-variant", "--bin", "ml_variant"]))?;
-        let built = repo_root().join("target").join(v.name).join(LINUX_X86_64_TRIPLE).join("release/ml_variant");
-        copy(built, out.join(format!("ml_{}", v.name)))?;
+        run(variant_cargo_for(v, "build", p.triple).args(["-p", "krafla-variant", "--bin", "ml_variant"]))?;
+        let built = repo_root().join("target").join(v.name).join(p.triple).join("release").join(exe("ml_variant"));
+        copy(built, out.join(exe(&format!("ml_{}", v.name))))?;
     }
     // The launcher runs on any x86-64: baseline features, built beside sse2.
     let sse2 = variants::variant("sse2").expect("the table has sse2");
-    run(variant_cargo(sse2, "build").args(["-p", "krafla-launcher", "--bin", "ml_run"]))?;
-    let built = repo_root().join("target/sse2").join(LINUX_X86_64_TRIPLE).join("release/ml_run");
-    copy(built, out.join("ml_run"))
+    run(variant_cargo_for(sse2, "build", p.triple).args(["-p", "krafla-launcher", "--bin", "ml_run"]))?;
+    let built = repo_root().join("target/sse2").join(p.triple).join("release").join(exe("ml_run"));
+    copy(built, out.join(exe("ml_run")))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// A release executable: `from` stripped (with the target's strip) and checked static.
+fn release_exe(p: &Platform, from: &Path, name: &str, scratch: &Path) -> Result<archive::Entry, String> {
+    let tmp = scratch.join(name);
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::copy(from, &tmp).map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+    run(Command::new(p.strip).arg("--strip-all").arg(&tmp))
+        .map_err(|e| format!("{e} (install binutils / gcc-mingw-w64-x86-64)"))?;
+    let data = read(&tmp)?;
+    let kind = static_check::check(&data).map_err(|e| format!("{name}: {e}"))?;
+    eprintln!("xtask: release: {name}: {kind}");
+    Ok(archive::Entry { name: name.to_string(), data, executable: true })
+}
+
+/// dist/krafla-<version>-<platform>.tar.gz or .zip: one top folder with the
+/// launcher as ml_run and ml_server, every ml_<isa>, README.md, LICENSE and
+/// SHA256SUMS.
+fn release(platform_name: &str) -> Result<(), String> {
+    let p = platform(platform_name)?;
+    dist(p.name, None)?;
+    let version = env!("CARGO_PKG_VERSION");
+    let top = format!("krafla-{version}-{}", p.name);
+    let root = repo_root();
+    let scratch = root.join("target").join("release-staging").join(p.name);
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    let dist_dir = root.join("dist").join(p.name);
+    let exe = |stem: &str| format!("{stem}{}", p.exe_suffix);
+
+    let mut entries = Vec::new();
+    let launcher = release_exe(p, &dist_dir.join(exe("ml_run")), &exe("ml_run"), &scratch)?;
+    let server = archive::Entry { name: exe("ml_server"), data: launcher.data.clone(), executable: true };
+    entries.push(launcher);
+    entries.push(server);
+    for v in X86_64_VARIANTS {
+        let name = exe(&format!("ml_{}", v.name));
+        entries.push(release_exe(p, &dist_dir.join(&name), &name, &scratch)?);
+    }
+    let readme = String::from_utf8(read(&root.join("release/README.md"))?)
+        .map_err(|_| "release/README.md is not UTF-8".to_string())?
+        .replace("{VERSION}", version)
+        .replace("{PLATFORM}", p.name);
+    entries.push(archive::Entry { name: "README.md".into(), data: readme.into_bytes(), executable: false });
+    entries.push(archive::Entry { name: "LICENSE".into(), data: read(&root.join("LICENSE"))?, executable: false });
+    let sums: String = entries.iter().map(|e| format!("{}  {}\n", archive::sha256_hex(&e.data), e.name)).collect();
+    entries.push(archive::Entry { name: "SHA256SUMS".into(), data: sums.into_bytes(), executable: false });
+
+    let mtime = std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    });
+    let (bytes, ext) = if p.zip {
+        (archive::zip(&top, &entries, mtime), "zip")
+    } else {
+        (archive::tar_gz(&top, &entries, mtime), "tar.gz")
+    };
+    let bytes = bytes.map_err(|e| format!("cannot write the archive: {e}"))?;
+    let out = root.join("dist").join(format!("{top}.{ext}"));
+    let tmp = out.with_extension("tmp");
+    std::fs::write(&tmp, &bytes).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &out).map_err(|e| format!("cannot rename to {}: {e}", out.display()))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+
+    eprintln!("xtask: release: {}", out.display());
+    let kib = |n: usize| n as f64 / 1024.0;
+    for e in &entries {
+        eprintln!("  {top}/{:<22} {:>10.1} KiB", e.name, kib(e.data.len()));
+    }
+    let archive_name = format!("{top}.{ext}");
+    eprintln!("  {archive_name:<w$} {:>10.1} KiB", kib(bytes.len()), w = top.len() + 23);
+    Ok(())
+}
+
+/// `cargo xtask check-static FILE...`
+fn check_static(files: &[String]) -> Result<(), String> {
+    if files.is_empty() {
+        return Err("usage: cargo xtask check-static FILE...".into());
+    }
+    let mut bad = 0;
+    for f in files {
+        match std::fs::read(f).map_err(|e| e.to_string()).and_then(|d| static_check::check(&d)) {
+            Ok(kind) => println!("{f}: {kind}"),
+            Err(e) => {
+                println!("{f}: NOT OK: {e}");
+                bad += 1;
+            }
+        }
+    }
+    if bad == 0 {
+        Ok(())
+    } else {
+        Err(format!("{bad} of {} files are not static, stripped executables", files.len()))
+    }
 }
 
 /// `--isa NAME` from the arguments after the command.
@@ -228,10 +412,16 @@ fn main() {
         Some("test") => test(),
         Some("dist") => match args.get(1) {
             Some(platform) => isa_arg(&args[2..]).and_then(|isa| dist(platform, isa)),
-            None => Err("usage: cargo xtask dist linux-x86_64 [--isa NAME]".to_string()),
+            None => Err("usage: cargo xtask dist linux-x86_64|windows-x86_64 [--isa NAME]".to_string()),
         },
+        Some("release") => match &args[1..] {
+            [platform] => release(platform),
+            _ => Err("usage: cargo xtask release linux-x86_64|windows-x86_64".to_string()),
+        },
+        Some("check-static") => check_static(&args[1..]),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
-        _ => Err("usage: cargo xtask quickstart [PROMPT] | test | dist linux-x86_64 [--isa NAME] | kernel-tests [--isa NAME]"
+        _ => Err("usage: cargo xtask quickstart [PROMPT] | test | dist PLATFORM [--isa NAME] | release PLATFORM \
+                  | check-static FILE... | kernel-tests [--isa NAME]"
             .to_string()),
     };
     if let Err(e) = result {

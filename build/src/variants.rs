@@ -1,7 +1,8 @@
-//! The x86-64 build variants: the one table of what each per-ISA executable
-//! is compiled with and which CPU features it needs. Shared by `cargo xtask`
-//! (dist, kernel-tests) and the start-up CPU guard (`variants/src/guard.rs`,
-//! through `#[path]`); the launcher is meant to include it the same way.
+//! The build variants: the one table of what each per-ISA executable is
+//! compiled with and which CPU features it needs. Shared, through `#[path]`,
+//! by `cargo xtask` (dist, release, kernel-tests), the start-up CPU guard
+//! (`variants/src/guard.rs`) and the launcher `ml_run` (`launcher/src/`),
+//! which picks the first variant of `variants_for(ARCH)` this CPU supports.
 //! Plain `core` only, so any crate can include it.
 
 #![allow(dead_code)]
@@ -34,27 +35,72 @@ const fn f(name: &'static str, leaf: u32, subleaf: u32, reg: Reg, bit: u32, xcr0
     CpuFeature { name, leaf, subleaf, reg, bit, xcr0 }
 }
 
-/// Every feature the guard knows how to check, newest first, so a CPU that
-/// lacks several is told about the one that names the build (e.g. `avx2`
-/// rather than `ssse3`). Basic CPUID leaves only.
+/// XCR0: SSE (XMM) and AVX (upper YMM) state enabled by the OS.
+pub const XCR0_YMM: u32 = 0x6;
+/// XCR0: YMM plus the AVX-512 opmask, ZMM_Hi256 and Hi16_ZMM state.
+pub const XCR0_ZMM: u32 = 0xe6;
+
+/// Every feature the guard and the launcher know how to check, newest
+/// first, so a CPU that lacks several is told about the one that names the
+/// build (e.g. `avx2` rather than `ssse3`). Basic CPUID leaves only. Every
+/// VEX/EVEX feature also needs the register state the OS enabled.
 pub const CPU_FEATURES: &[CpuFeature] = &[
-    f("avx512vnni", 7, 0, Reg::Ecx, 11, 0),
-    f("avx512bw", 7, 0, Reg::Ebx, 30, 0),
-    f("avx512vl", 7, 0, Reg::Ebx, 31, 0),
-    f("avx512dq", 7, 0, Reg::Ebx, 17, 0),
-    f("avx512cd", 7, 0, Reg::Ebx, 28, 0),
-    f("avx512f", 7, 0, Reg::Ebx, 16, 0xe6),
-    f("avx2", 7, 0, Reg::Ebx, 5, 0),
-    f("fma", 1, 0, Reg::Ecx, 12, 0),
-    f("f16c", 1, 0, Reg::Ecx, 29, 0),
+    f("avx512vnni", 7, 0, Reg::Ecx, 11, XCR0_ZMM),
+    f("avx512bw", 7, 0, Reg::Ebx, 30, XCR0_ZMM),
+    f("avx512vl", 7, 0, Reg::Ebx, 31, XCR0_ZMM),
+    f("avx512dq", 7, 0, Reg::Ebx, 17, XCR0_ZMM),
+    f("avx512cd", 7, 0, Reg::Ebx, 28, XCR0_ZMM),
+    f("avx512f", 7, 0, Reg::Ebx, 16, XCR0_ZMM),
+    f("avx2", 7, 0, Reg::Ebx, 5, XCR0_YMM),
+    f("fma", 1, 0, Reg::Ecx, 12, XCR0_YMM),
+    f("f16c", 1, 0, Reg::Ecx, 29, XCR0_YMM),
     f("bmi2", 7, 0, Reg::Ebx, 8, 0),
     f("bmi1", 7, 0, Reg::Ebx, 3, 0),
-    f("avx", 1, 0, Reg::Ecx, 28, 0x6),
+    f("avx", 1, 0, Reg::Ecx, 28, XCR0_YMM),
     f("popcnt", 1, 0, Reg::Ecx, 23, 0),
     f("sse4.2", 1, 0, Reg::Ecx, 20, 0),
     f("sse4.1", 1, 0, Reg::Ecx, 19, 0),
     f("ssse3", 1, 0, Reg::Ecx, 9, 0),
     f("sse3", 1, 0, Reg::Ecx, 0, 0),
+];
+
+/// Which word of the Linux auxiliary vector holds an ARM feature bit.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Hwcap {
+    /// `getauxval(AT_HWCAP)`
+    Hwcap,
+    /// `getauxval(AT_HWCAP2)`
+    Hwcap2,
+}
+
+/// An ARM CPU feature as Linux reports it (`getauxval`), under rustc's name.
+#[derive(Clone, Copy, Debug)]
+pub struct HwcapFeature {
+    pub name: &'static str,
+    pub word: Hwcap,
+    pub bit: u32,
+}
+
+const fn h(name: &'static str, word: Hwcap, bit: u32) -> HwcapFeature {
+    HwcapFeature { name, word, bit }
+}
+
+/// AArch64 features (Linux `asm/hwcap.h`), newest first.
+pub const AARCH64_FEATURES: &[HwcapFeature] = &[
+    h("sve2", Hwcap::Hwcap2, 1),
+    h("i8mm", Hwcap::Hwcap2, 13),
+    h("bf16", Hwcap::Hwcap2, 14),
+    h("sve", Hwcap::Hwcap, 22),
+    h("dotprod", Hwcap::Hwcap, 20),
+    h("fp16", Hwcap::Hwcap, 10), // HWCAP_ASIMDHP (rustc's fp16 implies it)
+    h("neon", Hwcap::Hwcap, 1),  // HWCAP_ASIMD
+];
+
+/// 32-bit ARM features (Linux `asm/hwcap.h` for arm), newest first.
+pub const ARM_FEATURES: &[HwcapFeature] = &[
+    h("dotprod", Hwcap::Hwcap, 24), // HWCAP_ASIMDDP
+    h("vfp4", Hwcap::Hwcap, 16),
+    h("neon", Hwcap::Hwcap, 12),
 ];
 
 /// One per-ISA executable.
@@ -64,7 +110,8 @@ pub struct Variant {
     pub name: &'static str,
     /// rustc target features on top of the x86-64 baseline (for `-C target-feature=`).
     pub rustc_features: &'static str,
-    /// CPU features to check (names in `CPU_FEATURES`): exactly the features
+    /// CPU features to check (names in `CPU_FEATURES`, or `AARCH64_FEATURES` /
+    /// `ARM_FEATURES` for ARM variants): exactly the features
     /// `rustc_features` enables, with the ones they imply.
     pub cpu_features: &'static [&'static str],
 }
@@ -88,7 +135,23 @@ pub const X86_64_VARIANTS: &[Variant] = &[
     Variant { name: "sse2", rustc_features: "", cpu_features: &[] },
 ];
 
-/// The variant called `name`.
+/// AArch64 variants, fastest first (none yet: the ARM issue adds them).
+pub const AARCH64_VARIANTS: &[Variant] = &[];
+
+/// 32-bit ARM variants, fastest first (none yet).
+pub const ARM_VARIANTS: &[Variant] = &[];
+
+/// The variants for a CPU architecture (`std::env::consts::ARCH` spelling).
+pub fn variants_for(arch: &str) -> &'static [Variant] {
+    match arch.as_bytes() {
+        b"x86_64" => X86_64_VARIANTS,
+        b"aarch64" => AARCH64_VARIANTS,
+        b"arm" => ARM_VARIANTS,
+        _ => &[],
+    }
+}
+
+/// The x86-64 variant called `name`.
 pub fn variant(name: &str) -> Option<&'static Variant> {
     X86_64_VARIANTS.iter().find(|v| v.name == name)
 }

@@ -1,11 +1,21 @@
-//! Start-up CPU guard (Linux x86-64): a `global_asm!` routine registered in
-//! `.init_array`, so it runs before `main` and before any Rust code compiled
-//! with this build's target features. It checks, with CPUID (and XGETBV for
-//! the OS-enabled YMM / ZMM register state), every CPU feature this build was
+//! Start-up CPU guard (x86-64 Linux and Windows): a `global_asm!` routine
+//! that runs before `main` and before any Rust code compiled with this
+//! build's target features. It checks, with CPUID (and XGETBV for the
+//! OS-enabled YMM / ZMM register state), every CPU feature this build was
 //! compiled with (`cfg!(target_feature = ...)` over the feature table in
-//! build/src/variants.rs), and on a miss writes one line to stderr with a raw
-//! `write` syscall and ends the process with `exit_group(3)`. The routine uses
-//! only baseline x86-64 instructions (CPUID, XGETBV only after OSXSAVE is seen).
+//! build/src/variants.rs), and on a miss writes one line to stderr and ends
+//! the process with exit code 3. The routine uses only baseline x86-64
+//! instructions (CPUID, XGETBV only after OSXSAVE is seen).
+//!
+//! * Linux: registered in `.init_array` (priority 0, before std's own
+//!   constructors); the message goes out with a raw `write` syscall, then
+//!   `exit_group(3)`.
+//! * Windows: a pointer in the `.CRT$XCU` section, which the C runtime's
+//!   start-up code runs (`_initterm(__xc_a, __xc_z)`, both mingw-w64 and
+//!   MSVC) before `main`; the message goes out with `GetStdHandle` +
+//!   `WriteFile`, then `ExitProcess(3)`, called with the Win64 convention
+//!   (32-byte shadow space, 16-byte aligned stack). The same routine serves
+//!   both: only the failure path and the section directives differ.
 
 #[path = "../../build/src/variants.rs"]
 mod table;
@@ -112,59 +122,78 @@ static CHECKS: [Check; N + 1] = {
 };
 
 // The guard. Registers: r12 = current check, r13d = checks left, r14d = the
-// highest basic CPUID leaf; rbx and r12–r15 are callee-saved, so pushed.
+// highest basic CPUID leaf; rbx and r12–r15 are callee-saved (System V and
+// Win64), so pushed. After the five pushes the stack is 16-byte aligned
+// (entry: 8 mod 16), which the Win64 failure path relies on.
+macro_rules! check_loop {
+    () => {
+        concat!(
+            ".p2align 4\n",
+            "krafla_cpu_guard:\n",
+            "push rbx\n",
+            "push r12\n",
+            "push r13\n",
+            "push r14\n",
+            "push r15\n",
+            "xor eax, eax\n",
+            "xor ecx, ecx\n",
+            "cpuid\n",
+            "mov r14d, eax\n",
+            "lea r12, [rip + {checks}]\n",
+            "mov r13d, {n}\n",
+            "2:\n",
+            "test r13d, r13d\n",
+            "jz 9f\n",
+            "mov eax, dword ptr [r12]\n",
+            "cmp eax, r14d\n",
+            "ja 8f\n", // leaf not implemented: the feature is missing
+            "mov ecx, dword ptr [r12 + 4]\n",
+            "cpuid\n",
+            "mov r15d, dword ptr [r12 + 8]\n",
+            "cmp r15d, 1\n",
+            "cmove eax, ebx\n",
+            "cmp r15d, 2\n",
+            "cmove eax, ecx\n",
+            "cmp r15d, 3\n",
+            "cmove eax, edx\n",
+            "mov r15d, dword ptr [r12 + 12]\n",
+            "and eax, r15d\n",
+            "cmp eax, r15d\n",
+            "jne 8f\n",
+            "mov r15d, dword ptr [r12 + 16]\n",
+            "test r15d, r15d\n",
+            "jz 3f\n",
+            "mov eax, 1\n", // XGETBV only when CPUID.1:ECX.OSXSAVE[bit 27] says the OS enabled it
+            "xor ecx, ecx\n",
+            "cpuid\n",
+            "bt ecx, 27\n",
+            "jnc 8f\n",
+            "xor ecx, ecx\n",
+            "xgetbv\n",
+            "and eax, r15d\n",
+            "cmp eax, r15d\n",
+            "jne 8f\n",
+            "3:\n",
+            "add r12, {size}\n",
+            "dec r13d\n",
+            "jmp 2b\n",
+            "9:\n",
+            "pop r15\n",
+            "pop r14\n",
+            "pop r13\n",
+            "pop r12\n",
+            "pop rbx\n",
+            "ret\n",
+            // 8: the check at r12 failed; the failure path follows this text.
+            "8:\n",
+        )
+    };
+}
+
+#[cfg(target_os = "linux")]
 core::arch::global_asm!(
     ".pushsection .text.krafla_cpu_guard,\"ax\",@progbits",
-    ".p2align 4",
-    "krafla_cpu_guard:",
-    "push rbx",
-    "push r12",
-    "push r13",
-    "push r14",
-    "push r15",
-    "xor eax, eax",
-    "xor ecx, ecx",
-    "cpuid",
-    "mov r14d, eax",
-    "lea r12, [rip + {checks}]",
-    "mov r13d, {n}",
-    "2:",
-    "test r13d, r13d",
-    "jz 9f",
-    "mov eax, dword ptr [r12]",
-    "cmp eax, r14d",
-    "ja 8f", // leaf not implemented: the feature is missing
-    "mov ecx, dword ptr [r12 + 4]",
-    "cpuid",
-    "mov r15d, dword ptr [r12 + 8]",
-    "cmp r15d, 1",
-    "cmove eax, ebx",
-    "cmp r15d, 2",
-    "cmove eax, ecx",
-    "cmp r15d, 3",
-    "cmove eax, edx",
-    "mov r15d, dword ptr [r12 + 12]",
-    "and eax, r15d",
-    "cmp eax, r15d",
-    "jne 8f",
-    "mov r15d, dword ptr [r12 + 16]",
-    "test r15d, r15d",
-    "jz 3f",
-    "mov eax, 1", // XGETBV only when CPUID.1:ECX.OSXSAVE[bit 27] says the OS enabled it
-    "xor ecx, ecx",
-    "cpuid",
-    "bt ecx, 27",
-    "jnc 8f",
-    "xor ecx, ecx",
-    "xgetbv",
-    "and eax, r15d",
-    "cmp eax, r15d",
-    "jne 8f",
-    "3:",
-    "add r12, {size}",
-    "dec r13d",
-    "jmp 2b",
-    "8:",
+    check_loop!(),
     "mov eax, 1", // write(2, msg, len)
     "mov edi, 2",
     "lea rsi, [r12 + 24]",
@@ -174,13 +203,6 @@ core::arch::global_asm!(
     "mov edi, 3",
     "syscall",
     "ud2",
-    "9:",
-    "pop r15",
-    "pop r14",
-    "pop r13",
-    "pop r12",
-    "pop rbx",
-    "ret",
     ".popsection",
     // Priority 0: before other constructors (std's own run at 99).
     ".pushsection .init_array.00000,\"aw\"",
@@ -190,4 +212,48 @@ core::arch::global_asm!(
     checks = sym CHECKS,
     n = const N,
     size = const CHECK_SIZE,
+);
+
+#[cfg(windows)]
+#[link(name = "kernel32")]
+extern "system" {
+    fn GetStdHandle(which: u32) -> *mut core::ffi::c_void;
+    fn WriteFile(
+        file: *mut core::ffi::c_void,
+        buf: *const u8,
+        len: u32,
+        written: *mut u32,
+        overlapped: *mut core::ffi::c_void,
+    ) -> i32;
+    fn ExitProcess(code: u32) -> !;
+}
+
+#[cfg(windows)]
+core::arch::global_asm!(
+    ".pushsection .text$krafla_cpu_guard,\"xr\"",
+    check_loop!(),
+    "sub rsp, 48", // shadow space (32) + WriteFile's 5th argument + `written`; stays 16-byte aligned
+    "mov ecx, -12", // STD_ERROR_HANDLE
+    "call {get_std_handle}",
+    "mov rcx, rax",
+    "lea rdx, [r12 + 24]",
+    "mov r8d, dword ptr [r12 + 20]",
+    "lea r9, [rsp + 40]",
+    "mov qword ptr [rsp + 32], 0",
+    "call {write_file}",
+    "mov ecx, 3",
+    "call {exit_process}",
+    "ud2",
+    ".popsection",
+    // Sorted between mingw-w64's __xc_a (.CRT$XCA) and __xc_z (.CRT$XCZ).
+    ".pushsection .CRT$XCU,\"dr\"",
+    ".p2align 3",
+    ".quad krafla_cpu_guard",
+    ".popsection",
+    checks = sym CHECKS,
+    n = const N,
+    size = const CHECK_SIZE,
+    get_std_handle = sym GetStdHandle,
+    write_file = sym WriteFile,
+    exit_process = sym ExitProcess,
 );

@@ -1,4 +1,4 @@
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(all(target_arch = "x86_64", any(target_os = "linux", windows)))]
 mod guard;
 
 fn main() {

@@ -1,0 +1,354 @@
+"""The release archives (`cargo xtask release linux-x86_64|windows-x86_64`,
+which `cargo xtask test` runs first): each is unpacked into a fresh temporary
+directory outside the checkout and used as a downloader would, by absolute
+path with nothing added to PATH:
+
+* layout: one top folder `krafla-<version>-<platform>/` holding exactly
+  ml_run, ml_server, every ml_<isa>, README.md, LICENSE, SHA256SUMS;
+* SHA256SUMS lists every other file with its right checksum;
+* every executable is static and stripped (`cargo xtask check-static`, the
+  `object`-crate checker: no PT_INTERP / DT_NEEDED; on Windows system DLLs only);
+* SmolLM2-135M-Instruct answers "What is the capital of France?" with Paris
+  through ml_run (and the OpenAI-compatible server through ml_server);
+* the Windows zip does the same under wine. Debian's wine 8 lacks
+  bcryptprimitives.dll (Rust's std imports ProcessPrng from it), so this test,
+  and only this test, builds a stand-in DLL from a few lines of C over
+  RtlGenRandom with MinGW and puts it beside the unpacked executables.
+
+Without an archive, wine or MinGW the tests skip, except in CI (env CI set),
+where they fail.
+"""
+import hashlib
+import http.client
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+import tomllib
+import zipfile
+
+import pytest
+
+from conftest import REPO
+
+VERSION = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+ISAS = ["avx512vnni", "avx2", "sse41", "sse2"]
+QUESTION = "What is the capital of France?"
+WINE = shutil.which("wine")
+MINGW_GCC = shutil.which("x86_64-w64-mingw32-gcc")
+
+
+def _unavailable(reason):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def archive_path(platform):
+    ext = "zip" if platform.startswith("windows") else "tar.gz"
+    return REPO / "dist" / f"krafla-{VERSION}-{platform}.{ext}"
+
+
+def expected_files(platform):
+    exe = ".exe" if platform.startswith("windows") else ""
+    return sorted([f"ml_run{exe}", f"ml_server{exe}", *(f"ml_{i}{exe}" for i in ISAS),
+                   "README.md", "LICENSE", "SHA256SUMS"])
+
+
+def unpack(platform, dest):
+    """Unpacks the archive into `dest` (a fresh directory outside the checkout); returns the top folder."""
+    src = archive_path(platform)
+    if not src.is_file():
+        _unavailable(f"{src} is missing: run `cargo xtask release {platform}`")
+    assert REPO not in dest.resolve().parents, "unpack outside the checkout"
+    top = f"krafla-{VERSION}-{platform}"
+    if src.name.endswith(".zip"):
+        with zipfile.ZipFile(src) as z:
+            names = z.namelist()
+            assert z.testzip() is None, "corrupt zip member"
+            z.extractall(dest)
+    else:
+        with tarfile.open(src) as t:
+            names = t.getnames()
+            for m in t.getmembers():
+                assert m.isdir() or m.isfile(), f"{m.name}: links or devices do not belong in a release"
+                if m.isfile() and m.name.split("/")[-1].startswith("ml_"):
+                    assert m.mode & 0o111, f"{m.name} is not executable"
+            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            t.extractall(dest, **kw)
+    assert {n.split("/")[0] for n in names} == {top}, f"one top folder {top}/ expected: {names}"
+    folder = dest / top
+    assert sorted(p.name for p in folder.iterdir()) == expected_files(platform)
+    return folder
+
+
+def check_sums(folder):
+    lines = (folder / "SHA256SUMS").read_text().splitlines()
+    listed = {}
+    for line in lines:
+        m = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line)
+        assert m, f"bad SHA256SUMS line {line!r}"
+        listed[m.group(2)] = m.group(1)
+    others = sorted(p.name for p in folder.iterdir() if p.name != "SHA256SUMS")
+    assert sorted(listed) == others, "SHA256SUMS must list every other file"
+    for name, digest in listed.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, f"{name}: checksum mismatch"
+
+
+def check_static(folder, platform):
+    exes = [folder / n for n in expected_files(platform) if n.startswith("ml_")]
+    cargo = os.environ.get("CARGO", "cargo")
+    p = subprocess.run([cargo, "run", "--quiet", "--release", "--package", "xtask", "--", "check-static",
+                        *map(str, exes)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for exe in exes:
+        assert f"{exe}: " in p.stdout and "stripped" in p.stdout, p.stdout
+
+
+def native_best(folder, run=lambda cmd: subprocess.run(cmd, capture_output=True, text=True, timeout=120), exe=""):
+    """The build the launcher says it runs here."""
+    p = run([str(folder / f"ml_run{exe}"), "--version"])
+    assert p.returncode == 0, p.stderr
+    m = re.search(r"ml_(\w+?)(\.exe)?\s*$", p.stdout.strip())
+    assert m and m.group(1) in ISAS, p.stdout
+    return m.group(1)
+
+
+def chat_args(model, tok, *extra):
+    return [model, "-z", tok, "--chat", "chatml", "-p", QUESTION, "-n", "24", "-T", "0", "-t", "2", *extra]
+
+
+def clean_env(**extra):
+    """The environment as it is (nothing added to PATH), plus `extra`."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+class Server:
+    """ml_server from an archive on a free loopback port (--port 0, address read from its log)."""
+
+    def __init__(self, cmd, log_path, env, cwd):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=cwd)
+        deadline = time.time() + 120
+        while True:
+            m = re.search(r"listening on http://([\d.]+):(\d+)/v1", log_path.read_text())
+            if m:
+                break
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise AssertionError(f"server did not start:\n{log_path.read_text()}")
+            time.sleep(0.05)
+        self.host, self.port = m.group(1), int(m.group(2))
+
+    def chat(self, question):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0}
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        assert r.status == 200, data
+        return json.loads(data)["choices"][0]["message"]["content"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# ---------------------------------------------------------------- Linux
+
+
+@pytest.fixture(scope="module")
+def linux(tmp_path_factory):
+    return unpack("linux-x86_64", tmp_path_factory.mktemp("release-linux"))
+
+
+def test_linux_layout_and_sums(linux):
+    check_sums(linux)
+    readme = (linux / "README.md").read_text()
+    assert f"Krafla {VERSION} (linux-x86_64)" in readme and "--isa" in readme
+    assert "Copyright (c) 2026 The Krafla developers" in (linux / "LICENSE").read_text()
+
+
+def test_linux_executables_are_static_and_stripped(linux):
+    check_static(linux, "linux-x86_64")
+
+
+def test_linux_smollm2_answers_through_ml_run(linux, smol):
+    model, tok = smol("q4_0"), smol("mlt")
+    best = native_best(linux)
+    p = subprocess.run([str(linux / "ml_run"), *map(str, chat_args(model, tok))], capture_output=True, text=True,
+                       timeout=300, cwd=linux.parent, env=clean_env())
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout, p.stdout
+    assert f"krafla: isa {best}," in p.stderr, p.stderr
+    # A forced build gives the same greedy answer.
+    p = subprocess.run([str(linux / "ml_run"), "--isa", "sse2", *map(str, chat_args(model, tok))],
+                       capture_output=True, text=True, timeout=300, cwd=linux.parent, env=clean_env())
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout and "krafla: isa sse2," in p.stderr, p.stdout + p.stderr
+
+
+def test_linux_ml_server_answers(linux, smol, tmp_path):
+    cmd = [str(linux / "ml_server"), str(smol("q4_0")), "-z", str(smol("mlt")), "--port", "0", "-t", "2"]
+    srv = Server(cmd, tmp_path / "server.log", clean_env(), linux.parent)
+    try:
+        assert "Paris" in srv.chat(QUESTION)
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------- Windows (under wine)
+
+PROCESS_PRNG_C = r"""
+#include <windows.h>
+/* RtlGenRandom */
+BOOLEAN WINAPI SystemFunction036(PVOID buffer, ULONG length);
+
+/* What Rust's std imports from bcryptprimitives.dll (Windows 10+), which wine 8 lacks. */
+__declspec(dllexport) BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T len) {
+    while (len > 0) {
+        ULONG chunk = len > 0x40000000 ? 0x40000000 : (ULONG)len;
+        if (!SystemFunction036(data, chunk)) return FALSE;
+        data += chunk;
+        len -= chunk;
+    }
+    return TRUE;
+}
+"""
+
+
+class Wine:
+    def __init__(self, prefix):
+        self.env = clean_env(WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+
+    def run(self, cmd, timeout=300, **kw):
+        return subprocess.run([WINE, *map(str, cmd)], capture_output=True, text=True, timeout=timeout,
+                              env=self.env, **kw)
+
+
+def winpath(p):
+    """A Unix path as wine's Z: drive shows it."""
+    return "Z:" + str(p).replace("/", "\\")
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory):
+    if not (WINE and MINGW_GCC):
+        _unavailable("wine and MinGW-w64 are needed (apt-get install -y wine64 gcc-mingw-w64-x86-64)")
+    folder = unpack("windows-x86_64", tmp_path_factory.mktemp("release-windows"))
+    check_sums(folder)  # before the test-only DLL joins the folder
+    build = tmp_path_factory.mktemp("prng")
+    (build / "prng.c").write_text(PROCESS_PRNG_C)
+    dll = build / "bcryptprimitives.dll"
+    subprocess.run([MINGW_GCC, "-shared", "-O2", "-o", str(dll), str(build / "prng.c"), "-ladvapi32"], check=True)
+    shutil.copy(dll, folder / "bcryptprimitives.dll")
+    wine = Wine(tmp_path_factory.mktemp("wineprefix"))
+    wine.run(["wineboot", "--init"], timeout=180)
+    yield folder, wine
+    # End this prefix's wine processes (services, any build left behind).
+    wineserver = shutil.which("wineserver") or "/usr/lib/wine/wineserver"
+    if os.path.exists(wineserver):
+        subprocess.run([wineserver, "-k"], env=wine.env, capture_output=True, timeout=60)
+
+
+def test_windows_layout_and_static(windows):
+    folder, _ = windows
+    check_static(folder, "windows-x86_64")
+    assert f"Krafla {VERSION} (windows-x86_64)" in (folder / "README.md").read_text()
+
+
+def test_windows_guard_lets_fitting_builds_run(windows):
+    """Each build passes its start-up guard (.CRT$XCU) on this CPU or refuses with exit 3 and one line."""
+    folder, wine = windows
+    for isa in ISAS:
+        p = wine.run([folder / f"ml_{isa}.exe", "--version"], timeout=120)
+        if p.returncode == 3:
+            assert p.stderr.startswith(f"krafla: this build ({isa}) needs the CPU feature '"), p.stderr
+            assert p.stdout == ""
+        else:
+            assert p.returncode == 0 and "ml_run" in p.stdout, (isa, p.returncode, p.stdout, p.stderr)
+
+
+# qemu CPU model -> the build the launcher must pick, and per build the feature its guard must name.
+EMULATED = {
+    "core2duo": ("sse2", {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"}),
+    "Nehalem": ("sse41", {"sse2": None, "sse41": None, "avx2": "avx2", "avx512vnni": "avx512vnni"}),
+    "Haswell": ("avx2", {"sse2": None, "sse41": None, "avx2": None, "avx512vnni": "avx512vnni"}),
+}
+
+
+def test_windows_launcher_and_guard_on_emulated_cpus(windows):
+    """wine's loader under qemu-x86_64 -cpu MODEL (WINELOADERNOEXEC keeps it from re-executing
+    itself natively), so the Windows code sees the emulated CPUID: the launcher picks the
+    build for that CPU and each build's .CRT$XCU guard refuses (exit 3, one line) or runs."""
+    folder, wine = windows
+    qemu = shutil.which("qemu-x86_64")
+    loader = shutil.which("wine64") or "/usr/lib/wine/wine64"
+    if not (qemu and os.path.exists(loader)):
+        _unavailable("qemu-x86_64 (apt-get install qemu-user) and wine's wine64 loader are needed")
+    env = dict(wine.env, WINELOADERNOEXEC="1")
+
+    def emulated(cpu, exe, *args):
+        p = subprocess.run([qemu, "-cpu", cpu, loader, str(exe), *args], capture_output=True, text=True,
+                           timeout=300, env=env)
+        lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("qemu-x86_64:")]
+        return p, lines
+
+    for cpu, (want, guard) in EMULATED.items():
+        p, err = emulated(cpu, folder / "ml_run.exe", "--version")
+        assert p.returncode == 0, (cpu, p.stdout, err)
+        assert p.stdout.strip().endswith(f"\\ml_{want}.exe"), (cpu, p.stdout)
+        for isa, missing in guard.items():
+            p, err = emulated(cpu, folder / f"ml_{isa}.exe", "--version")
+            if missing is None:
+                assert p.returncode == 0 and "ml_run" in p.stdout, (cpu, isa, p.returncode, err)
+            else:
+                assert p.returncode == 3, (cpu, isa, p.returncode, p.stdout, err)
+                assert err == [f"krafla: this build ({isa}) needs the CPU feature '{missing}', which this CPU "
+                               f"lacks; run ml_run to pick a build that fits"], (cpu, isa, err)
+                assert p.stdout == "", "main must not have run"
+
+
+def test_windows_smollm2_answers_through_ml_run(windows, smol):
+    folder, wine = windows
+    p = wine.run([folder / "ml_run.exe", "--list-isas"])
+    assert p.returncode == 0, p.stderr
+    selected = [l.split()[0] for l in p.stdout.splitlines() if re.match(r"ml_\w+\s+yes\s+yes\s+\*", l)]
+    assert len(selected) == 1 and selected[0].removeprefix("ml_") in ISAS, p.stdout
+    best = selected[0].removeprefix("ml_")
+    args = chat_args(winpath(smol("q4_0")), winpath(smol("mlt")))
+    p = wine.run([folder / "ml_run.exe", *args], cwd=folder.parent)
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout, p.stdout
+    assert f"krafla: isa {best}," in p.stderr, p.stderr
+    # Errors come back through the launcher's exit code.
+    p = wine.run([folder / "ml_run.exe", winpath(folder / "missing.mlb"), "-p", "hi"], cwd=folder.parent)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    p = wine.run([folder / "ml_run.exe", "--isa", "avx9"], cwd=folder.parent)
+    assert p.returncode == 2 and "unknown ISA 'avx9'" in p.stderr, p.stderr
+
+
+def test_windows_ml_server_answers(windows, smol, tmp_path):
+    folder, wine = windows
+    cmd = [WINE, str(folder / "ml_server.exe"), winpath(smol("q4_0")), "-z", winpath(smol("mlt")), "--port", "0",
+           "-t", "2"]
+    srv = Server(cmd, tmp_path / "server.log", wine.env, folder.parent)
+    try:
+        assert "Paris" in srv.chat(QUESTION)
+    finally:
+        srv.stop()
