@@ -231,14 +231,7 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
         return Err(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size));
     }
-    let ctx = match args.ctx {
-        Some(0) => return Err("--ctx must be at least 1".into()),
-        Some(n) if n > cfg.context_length => {
-            return Err(format!("--ctx {n} exceeds the model's maximum context {}", cfg.context_length))
-        }
-        Some(n) => n,
-        None => cfg.context_length.min(4096),
-    };
+    let ctx = cfg.resolve_ctx(args.ctx)?;
     if prompt.len() > ctx {
         return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
     }

@@ -242,6 +242,19 @@ impl Config {
         })
     }
 
+    /// The context to run with: `requested`, or 4096 (the model's maximum if
+    /// smaller) when none is given; errors for 0 or more than the maximum.
+    pub fn resolve_ctx(&self, requested: Option<usize>) -> Result<usize, String> {
+        match requested {
+            Some(0) => Err("--ctx must be at least 1".into()),
+            Some(n) if n > self.context_length => {
+                Err(format!("--ctx {n} exceeds the model's maximum context {}", self.context_length))
+            }
+            Some(n) => Ok(n),
+            None => Ok(self.context_length.min(4096)),
+        }
+    }
+
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }

@@ -171,14 +171,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
             cfg.vocab_size
         ));
     }
-    let ctx = match args.ctx {
-        Some(0) => return Err("--ctx must be at least 1".into()),
-        Some(n) if n > cfg.context_length => {
-            return Err(format!("--ctx {n} exceeds the model's maximum context {}", cfg.context_length))
-        }
-        Some(n) => n,
-        None => cfg.context_length.min(4096),
-    };
+    let ctx = cfg.resolve_ctx(args.ctx)?;
     let state = State::with_kv(&cfg, ctx, crate::kvcache::KvType::parse(&args.kv)?)?;
     let state_mib = state.bytes() as f64 / 1048576.0;
     let weights_mib = model.file.file_len() as f64 / 1048576.0;
