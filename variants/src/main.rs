@@ -1,5 +1,7 @@
 #[cfg(all(target_arch = "x86_64", any(target_os = "linux", windows)))]
 mod guard;
+#[cfg(all(target_arch = "aarch64", target_os = "linux"))]
+mod guard_aarch64;
 
 fn main() {
     std::process::exit(krafla::cli::main());

@@ -190,6 +190,18 @@ pub mod sse2;
 #[cfg(all(target_arch = "x86_64", target_feature = "ssse3", target_feature = "sse4.1"))]
 pub mod sse41;
 
+// AArch64 kernel sets: NEON is the AArch64 baseline, so it is always compiled
+// there (the higher levels reuse its f32 half and block folding); dotprod
+// (`sdot`), i8mm (`smmla`) and SVE have no stable intrinsics and use `asm!`.
+#[cfg(all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm"))]
+pub mod i8mm;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+#[cfg(all(target_arch = "aarch64", target_feature = "dotprod"))]
+pub mod neon_dotprod;
+#[cfg(all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm", target_feature = "sve"))]
+pub mod sve;
+
 // Exactly one `arch` is in scope: the best kernel set the target features allow.
 macro_rules! select {
     ($( [$($cond:tt)*] => $module:ident, $name:literal; )*) => {
@@ -212,7 +224,11 @@ select! {
     [all(target_arch = "x86_64", target_feature = "ssse3", target_feature = "sse4.1",
          not(all(target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))] => sse41, "sse41";
     [all(target_arch = "x86_64", not(all(target_feature = "ssse3", target_feature = "sse4.1")))] => sse2, "sse2";
-    [not(target_arch = "x86_64")] => portable, "portable";
+    [all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm", target_feature = "sve")] => sve, "sve";
+    [all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm", not(target_feature = "sve"))] => i8mm, "i8mm";
+    [all(target_arch = "aarch64", target_feature = "dotprod", not(target_feature = "i8mm"))] => neon_dotprod, "neon_dotprod";
+    [all(target_arch = "aarch64", not(target_feature = "dotprod"))] => neon, "neon";
+    [not(any(target_arch = "x86_64", target_arch = "aarch64"))] => portable, "portable";
 }
 
 /// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted

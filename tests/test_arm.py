@@ -1,0 +1,220 @@
+"""The AArch64 builds (neon, neon_dotprod, i8mm, sve) under qemu-user.
+
+Each variant is built here with plain cargo for aarch64-unknown-linux-gnu
+(static glibc, its target features in RUSTFLAGS; one target dir,
+target/arm, whose host artifacts all four share): the krafla library's unit
+tests and the ml_variant executable (copied to target/arm/ml_<name>). Then, under qemu-aarch64 with CPU models that have (or lack) the
+features:
+
+* the kernel unit tests (every kernel bit for bit against `portable`) pass
+  for each variant, the SVE build at 128, 256, 512 and 2048-bit vectors;
+* the start-up guard: a build whose features the CPU lacks exits 3 before
+  main with one line naming the missing feature; a build that fits runs;
+* end to end, every variant's logits are byte-identical to the native x86-64
+  build's (target/release/ml_variant): the tiny llama2 fixture as q4_0, q8_0
+  and f16, and SmolLM2-135M as q4_0 (rows long enough for the kernels'
+  eight-block steps).
+
+Needs the Rust target (`rustup target add aarch64-unknown-linux-gnu`), the
+cross linker (`apt-get install gcc-aarch64-linux-gnu`) and qemu-user
+(`apt-get install qemu-user`). Without them the tests skip, except in CI
+(env CI set), where they fail.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import FIXTURES, REPO, run_tool
+
+TARGET = "aarch64-unknown-linux-gnu"
+LINKER = "aarch64-linux-gnu-gcc"
+QEMU = shutil.which("qemu-aarch64")
+NATIVE = REPO / "target" / "release" / "ml_variant"
+ARM_TARGET_DIR = REPO / "target" / "arm"
+
+# name -> (rustc target features, a qemu CPU model that has them)
+VARIANTS = {
+    "neon": ("", "cortex-a53"),
+    "neon_dotprod": ("+dotprod", "cortex-a76"),
+    "i8mm": ("+dotprod,+i8mm", "max"),
+    "sve": ("+dotprod,+i8mm,+sve", "max"),
+}
+
+# qemu CPU model -> variant -> None (runs) or the feature the guard must name.
+EXPECT = {
+    "cortex-a53": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "sve"},
+    "cortex-a72": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "sve"},
+    "cortex-a76": {"neon": None, "neon_dotprod": None, "i8mm": "i8mm", "sve": "sve"},
+    "neoverse-n1": {"neon": None, "neon_dotprod": None, "i8mm": "i8mm", "sve": "sve"},
+    # A64FX: SVE without dotprod and i8mm
+    "a64fx": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "i8mm"},
+    "max": {"neon": None, "neon_dotprod": None, "i8mm": None, "sve": None},
+}
+
+
+def _unavailable(reason):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def _target_installed():
+    p = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True)
+    return p.returncode == 0 and (pathlib.Path(p.stdout.strip()) / "lib" / "rustlib" / TARGET / "lib").is_dir()
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    missing = []
+    if not _target_installed():
+        missing.append(f"the Rust target (rustup target add {TARGET})")
+    if not shutil.which(LINKER):
+        missing.append(f"{LINKER} (apt-get install gcc-aarch64-linux-gnu)")
+    if not QEMU:
+        missing.append("qemu-aarch64 (apt-get install qemu-user)")
+    if missing:
+        _unavailable("missing " + ", ".join(missing))
+
+
+def _build(name):
+    """Builds variant `name` in target/arm (one target dir for all four: each
+    variant's RUSTFLAGS give its artifacts their own hashes, and the host
+    build scripts and proc macros are shared) and returns (the krafla
+    unit-test executable, target/arm/ml_<name>)."""
+    features = VARIANTS[name][0]
+    env = dict(os.environ)
+    env.pop("CARGO_ENCODED_RUSTFLAGS", None)
+    env.update({
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER": LINKER,
+        "RUSTFLAGS": "-C target-feature=+crt-static" + ("," + features if features else ""),
+        "KRAFLA_EXPECT_ISA": name,
+    })
+    cmd = ["cargo", "build", "--release", "--target", TARGET, "--target-dir", str(ARM_TARGET_DIR),
+           "-p", "krafla", "-p", "krafla-variant", "--lib", "--bins", "--tests", "--message-format=json"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise AssertionError(f"{name}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
+    tests, bins = [], []
+    for m in map(json.loads, filter(None, p.stdout.splitlines())):
+        if m.get("reason") == "compiler-artifact" and m.get("executable"):
+            if m["target"]["name"] == "krafla" and m["profile"]["test"]:
+                tests.append(m["executable"])
+            elif m["target"]["name"] == "ml_variant" and not m["profile"]["test"]:
+                bins.append(m["executable"])
+    assert len(tests) == 1 and len(bins) == 1, f"{name}: unit-test executables {tests}, ml_variant {bins}"
+    # the uplifted ml_variant is the same path for every variant: keep a copy
+    exe = ARM_TARGET_DIR / f"ml_{name}"
+    shutil.copyfile(bins[0], exe)
+    exe.chmod(0o755)
+    return pathlib.Path(tests[0]), exe
+
+
+@pytest.fixture(scope="module")
+def builds(toolchain):
+    """variant -> (the krafla unit-test executable, its ml_variant)."""
+    return {name: _build(name) for name in VARIANTS}
+
+
+def under_qemu(cpu, exe, *args, timeout=600):
+    return subprocess.run([QEMU, "-cpu", cpu, str(exe), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def krafla_lines(stderr):
+    """stderr without qemu's own warnings."""
+    return [l for l in stderr.splitlines() if l.strip() and not l.startswith("qemu-aarch64:")]
+
+
+@pytest.mark.parametrize("name,cpu,sve_bits", [
+    ("neon", "cortex-a53", None),
+    ("neon", "cortex-a72", None),
+    ("neon_dotprod", "cortex-a76", None),
+    ("i8mm", "max", None),
+    ("sve", "max,sve128=on", 128),
+    ("sve", "max,sve256=on", 256),
+    ("sve", "max,sve512=on", 512),
+    ("sve", "max,sve-default-vector-length=256", 2048),
+])
+def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
+    tests, _ = builds[name]
+    p = under_qemu(cpu, tests, "kernels", "--nocapture")
+    assert p.returncode == 0, f"{name} on {cpu}: exit {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-6000:]}"
+    assert "test kernels::tests::compiled_isa_is_the_expected_one ... ok" in p.stdout
+    for t in ["quantized_dots_match_exact_reference_and_portable", "quantized_dots_on_extreme_values_match_portable_and_exact",
+              "dot_f32_matches_f64_and_portable_on_odd_lengths", "f32_ops_match_f64_and_portable",
+              "f16_conversion_is_exact_for_every_value", "matmul_is_identical_for_any_batch_and_thread_count"]:
+        assert f"test kernels::tests::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
+    assert "test kernels::neon::imp::tests::neon_exp_matches_the_x86_operation_sequence ... ok" in p.stdout
+    if sve_bits:
+        assert f"SVE vector length: {sve_bits} bits" in p.stderr
+        assert "test kernels::sve::imp::tests::sve_block_sums_match_scalar ... ok" in p.stdout
+
+
+@pytest.mark.parametrize("cpu", list(EXPECT))
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_guard_on_emulated_cpu(builds, cpu, name):
+    _, exe = builds[name]
+    p = under_qemu(cpu, exe, "--version", timeout=120)
+    missing = EXPECT[cpu][name]
+    if missing is None:
+        assert p.returncode == 0, f"ml_variant ({name}) on {cpu}: exit {p.returncode}\n{p.stderr}"
+        assert "ml_run" in p.stdout  # clap's --version: main was reached
+    else:
+        want = (f"krafla: this build ({name}) needs the CPU feature '{missing}', which this CPU lacks; "
+                f"run ml_run to pick a build that fits")
+        assert p.returncode == 3, f"{name} on {cpu}: exit {p.returncode}\nstdout:{p.stdout}\nstderr:{p.stderr}"
+        assert krafla_lines(p.stderr) == [want]
+        assert p.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def native():
+    if not NATIVE.is_file():
+        _unavailable(f"no native build {NATIVE}: run `cargo build --release`")
+    return NATIVE
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arm-tiny")
+    models = {}
+    for qtype in ["q4_0", "q8_0", "f16"]:
+        models[qtype] = out / f"llama2-{qtype}.mlb"
+        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", models[qtype], "--type", qtype)
+    return models
+
+
+def _logits(cmd, mlb, out, ids, n):
+    p = subprocess.run([*map(str, cmd), str(mlb), "--prompt-ids", ids, "--logits-out", str(out), "-n", str(n),
+                        "-t", "2", "--print-ids"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd}: exit {p.returncode}\n{p.stderr}"
+    data = out.read_bytes()
+    assert len(data) > 0 and len(data) % 4 == 0
+    return data, p.stdout
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_tiny_logits_are_byte_identical_to_native_x86(builds, native, tiny, name, tmp_path):
+    _, exe = builds[name]
+    cpu = VARIANTS[name][1]
+    for qtype, mlb in tiny.items():
+        want, want_ids = _logits([native], mlb, tmp_path / f"native-{qtype}.f32", "1,2,3", 0)
+        got, got_ids = _logits([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}-{qtype}.f32", "1,2,3", 0)
+        assert got == want, f"{name} {qtype}: logits differ from the native x86-64 build's"
+        assert got_ids == want_ids
+
+
+def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, tmp_path):
+    """SmolLM2-135M (576 / 1536-wide rows: the eight-block steps of every
+    kernel), prompt and four generated tokens, all four variants."""
+    mlb = smol("q4_0")
+    want, want_ids = _logits([native], mlb, tmp_path / "native.f32", "1,2,3,4,5", 4)
+    for name, (_, exe) in builds.items():
+        cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
+        got, got_ids = _logits([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
+        assert got == want, f"{name}: SmolLM2 logits differ from the native x86-64 build's"
+        assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
