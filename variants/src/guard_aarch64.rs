@@ -99,29 +99,10 @@ const N: usize = {
     n
 };
 
-/// `krafla: this build (ISA) needs the CPU feature 'NAME', which this CPU lacks; ...\n`
+/// The refusal message for `feature` (see `guard_message`).
 const fn message(feature: &str) -> ([u8; MSG_CAP], u64) {
-    let parts: [&str; 5] = [
-        "krafla: this build (",
-        krafla::kernels::ISA,
-        ") needs the CPU feature '",
-        feature,
-        "', which this CPU lacks; run ml_run to pick a build that fits\n",
-    ];
-    let mut out = [0u8; MSG_CAP];
-    let mut len = 0;
-    let mut p = 0;
-    while p < parts.len() {
-        let b = parts[p].as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            out[len] = b[i];
-            len += 1;
-            i += 1;
-        }
-        p += 1;
-    }
-    (out, len as u64)
+    let (msg, len) = crate::guard_message::refusal::<MSG_CAP>(feature);
+    (msg, len as u64)
 }
 
 /// The checks, in `ORDER`, plus one unused entry so the table is never empty.

@@ -2,6 +2,8 @@
 mod guard;
 #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
 mod guard_aarch64;
+#[cfg(any(all(target_arch = "x86_64", any(target_os = "linux", windows)), all(target_arch = "aarch64", target_os = "linux")))]
+mod guard_message;
 
 fn main() {
     std::process::exit(krafla::cli::main());
