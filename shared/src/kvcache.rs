@@ -51,7 +51,8 @@ enum Store {
     Q8(Vec<BlockQ8_0>),
 }
 
-fn try_alloc<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>, String> {
+/// A vector of `n` copies of `fill`, or a one-line error instead of an abort when memory runs out.
+pub(crate) fn try_alloc<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>, String> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| {
         format!("cannot allocate the {what} ({} MiB); try a smaller --ctx", (n * std::mem::size_of::<T>()) >> 20)

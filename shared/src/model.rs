@@ -9,7 +9,7 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::kvcache::{KvCache, KvType};
+use crate::kvcache::{try_alloc, KvCache, KvType};
 use crate::kernels::{arch, matmul, matmul_group, Input, MatRef, WeightData};
 use crate::mlb::{Mlb, TensorInfo, TensorType};
 use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32};
@@ -369,14 +369,6 @@ pub struct State {
     ssm_state: Vec<f32>,  // [DeltaNet layers][nv][dk][dv]
 }
 
-fn alloc_zeroed(n: usize, what: &str) -> Result<Vec<f32>, String> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| format!("cannot allocate the {what} ({} MiB); try a smaller --ctx", n * 4 >> 20))?;
-    v.resize(n, 0.0);
-    Ok(v)
-}
-
 impl State {
     /// A state with an f32 KV cache.
     pub fn new(config: &Config, ctx: usize) -> Result<State, String> {
@@ -399,8 +391,8 @@ impl State {
             ctx,
             slot,
             kv: KvCache::new(kv_type, n_attn, ctx, config.kv_dim(), config.head_dim)?,
-            conv_state: alloc_zeroed(conv, "convolution state")?,
-            ssm_state: alloc_zeroed(ssm, "recurrent state")?,
+            conv_state: try_alloc(conv, 0.0f32, "convolution state")?,
+            ssm_state: try_alloc(ssm, 0.0f32, "recurrent state")?,
         })
     }
 
