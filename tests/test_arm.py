@@ -1,9 +1,10 @@
 """The AArch64 builds (neon, neon_dotprod, i8mm, sve) under qemu-user.
 
-Each variant is built here with plain cargo for aarch64-unknown-linux-gnu
-(static glibc, its target features in RUSTFLAGS; one target dir,
-target/arm, whose host artifacts all four share): the krafla library's unit
-tests and the ml_variant executable (copied to target/arm/ml_<name>). Then, under qemu-aarch64 with CPU models that have (or lack) the
+The executables are the release builds `cargo xtask dist linux-aarch64`
+puts in dist/linux-aarch64 (`cargo xtask test` makes them before pytest).
+The krafla library's unit tests are built here for each variant with the same
+flags and target dir as dist (target/<name>, so the dependencies are
+shared). Then, under qemu-aarch64 with CPU models that have (or lack) the
 features:
 
 * the kernel unit tests (every kernel bit for bit against `portable`) pass
@@ -13,7 +14,12 @@ features:
 * end to end, every variant's logits are byte-identical to the native x86-64
   build's (target/release/ml_variant): the tiny llama2 fixture as q4_0, q8_0
   and f16, and SmolLM2-135M as q4_0 (rows long enough for the kernels'
-  eight-block steps).
+  eight-block steps);
+* the launcher ml_run, itself emulated, picks the best build for each CPU
+  model, and answers a SmolLM2 chat on a Cortex-A76 (Raspberry Pi 5) with
+  the same greedy text as the x86-64 build. An emulated program cannot exec
+  a foreign executable without binfmt_misc, so the launcher starts the
+  build through ML_RUN_WRAPPER="qemu-aarch64 -cpu ...".
 
 Needs the Rust target (`rustup target add aarch64-unknown-linux-gnu`), the
 cross linker (`apt-get install gcc-aarch64-linux-gnu`) and qemu-user
@@ -34,7 +40,7 @@ TARGET = "aarch64-unknown-linux-gnu"
 LINKER = "aarch64-linux-gnu-gcc"
 QEMU = shutil.which("qemu-aarch64")
 NATIVE = REPO / "target" / "release" / "ml_variant"
-ARM_TARGET_DIR = REPO / "target" / "arm"
+DIST = REPO / "dist" / "linux-aarch64"
 
 # name -> (rustc target features, a qemu CPU model that has them)
 VARIANTS = {
@@ -81,10 +87,12 @@ def toolchain():
 
 
 def _build(name):
-    """Builds variant `name` in target/arm (one target dir for all four: each
-    variant's RUSTFLAGS give its artifacts their own hashes, and the host
-    build scripts and proc macros are shared) and returns (the krafla
-    unit-test executable, target/arm/ml_<name>)."""
+    """Builds variant `name`'s krafla unit tests in target/<name>, as `cargo
+    xtask dist` builds the variant, and returns (the unit-test executable,
+    dist/linux-aarch64/ml_<name>)."""
+    exe = DIST / f"ml_{name}"
+    if not exe.is_file():
+        _unavailable(f"no {exe}: run `cargo xtask dist linux-aarch64`")
     features = VARIANTS[name][0]
     env = dict(os.environ)
     env.pop("CARGO_ENCODED_RUSTFLAGS", None)
@@ -93,23 +101,15 @@ def _build(name):
         "RUSTFLAGS": "-C target-feature=+crt-static" + ("," + features if features else ""),
         "KRAFLA_EXPECT_ISA": name,
     })
-    cmd = ["cargo", "build", "--release", "--target", TARGET, "--target-dir", str(ARM_TARGET_DIR),
-           "-p", "krafla", "-p", "krafla-variant", "--lib", "--bins", "--tests", "--message-format=json"]
+    cmd = ["cargo", "test", "--no-run", "--release", "--target", TARGET, "--target-dir", str(REPO / "target" / name),
+           "-p", "krafla", "--lib", "--message-format=json"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise AssertionError(f"{name}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
-    tests, bins = [], []
-    for m in map(json.loads, filter(None, p.stdout.splitlines())):
-        if m.get("reason") == "compiler-artifact" and m.get("executable"):
-            if m["target"]["name"] == "krafla" and m["profile"]["test"]:
-                tests.append(m["executable"])
-            elif m["target"]["name"] == "ml_variant" and not m["profile"]["test"]:
-                bins.append(m["executable"])
-    assert len(tests) == 1 and len(bins) == 1, f"{name}: unit-test executables {tests}, ml_variant {bins}"
-    # the uplifted ml_variant is the same path for every variant: keep a copy
-    exe = ARM_TARGET_DIR / f"ml_{name}"
-    shutil.copyfile(bins[0], exe)
-    exe.chmod(0o755)
+    tests = [m["executable"] for m in map(json.loads, filter(None, p.stdout.splitlines()))
+             if m.get("reason") == "compiler-artifact" and m.get("executable")
+             and m["target"]["name"] == "krafla" and m["profile"]["test"]]
+    assert len(tests) == 1, f"{name}: unit-test executables {tests}"
     return pathlib.Path(tests[0]), exe
 
 
@@ -218,3 +218,38 @@ def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, t
         got, got_ids = _logits([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
         assert got == want, f"{name}: SmolLM2 logits differ from the native x86-64 build's"
         assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
+
+
+def _best(cpu):
+    """The build the launcher must pick on qemu CPU model `cpu`: the first of
+    the table's order (fastest first) that runs there."""
+    return next(name for name in ["sve", "i8mm", "neon_dotprod", "neon"] if EXPECT[cpu][name] is None)
+
+
+@pytest.mark.parametrize("cpu", list(EXPECT))
+def test_launcher_picks_the_best_build_for_the_cpu(toolchain, cpu):
+    launcher = DIST / "ml_run"
+    if not launcher.is_file():
+        _unavailable(f"no {launcher}: run `cargo xtask dist linux-aarch64`")
+    p = under_qemu(cpu, launcher, "--version", timeout=120)
+    assert p.returncode == 0, f"ml_run on {cpu}: exit {p.returncode}\n{p.stderr}"
+    assert f"runs {DIST / ('ml_' + _best(cpu))}\n" in p.stdout, p.stdout
+    p = under_qemu(cpu, launcher, "--list-isas", timeout=120)
+    selected = [l.split()[0] for l in p.stdout.splitlines() if l.startswith("ml_") and " * " in f" {l} "]
+    assert selected == [f"ml_{_best(cpu)}"], p.stdout
+
+
+def test_smollm2_chat_through_ml_run_on_cortex_a76(builds, native, smol):
+    """The Raspberry Pi 5 case: ml_run (emulated Cortex-A76) picks
+    neon_dotprod, which answers with the x86-64 build's greedy text."""
+    mlb, mlt = smol("q4_0"), smol("mlt")
+    args = [str(mlb), "-z", str(mlt), "--chat", "chatml", "-n", "24", "-p", "What is the capital of France?"]
+    want = subprocess.run([str(native), *args], capture_output=True, text=True, timeout=600)
+    assert want.returncode == 0, want.stderr
+    env = dict(os.environ, ML_RUN_WRAPPER=f"{QEMU} -cpu cortex-a76")
+    got = subprocess.run([QEMU, "-cpu", "cortex-a76", str(DIST / "ml_run"), *args],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert got.returncode == 0, got.stderr
+    assert "krafla: isa neon_dotprod," in got.stderr, got.stderr
+    assert "Paris" in want.stdout
+    assert got.stdout == want.stdout

@@ -1,5 +1,5 @@
-"""The release archives (`cargo xtask release linux-x86_64|windows-x86_64`,
-which `cargo xtask test` runs first): each is unpacked into a fresh temporary
+"""The release archives (`cargo xtask release linux-x86_64|windows-x86_64|
+linux-aarch64|linux-armv7hf`, which `cargo xtask test` runs first): each is unpacked into a fresh temporary
 directory outside the checkout and used as a downloader would, by absolute
 path with nothing added to PATH:
 
@@ -10,6 +10,9 @@ path with nothing added to PATH:
   `object`-crate checker: no PT_INTERP / DT_NEEDED; on Windows system DLLs only);
 * SmolLM2-135M-Instruct answers "What is the capital of France?" with Paris
   through ml_run (and the OpenAI-compatible server through ml_server);
+* the ARM tarballs do the same under qemu-user (the launcher emulated too,
+  starting its build through ML_RUN_WRAPPER, since an emulated process cannot
+  exec a foreign executable without binfmt_misc);
 * the Windows zip does the same under wine. Debian's wine 8 lacks
   bcryptprimitives.dll (Rust's std imports ProcessPrng from it), so this test,
   and only this test, builds a stand-in DLL from a few lines of C over
@@ -37,6 +40,12 @@ from conftest import REPO
 
 VERSION = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
 ISAS = ["avx512vnni", "avx2", "sse41", "sse2"]
+PLATFORM_ISAS = {
+    "linux-x86_64": ISAS,
+    "windows-x86_64": ISAS,
+    "linux-aarch64": ["sve", "i8mm", "neon_dotprod", "neon"],
+    "linux-armv7hf": ["neon"],
+}
 QUESTION = "What is the capital of France?"
 WINE = shutil.which("wine")
 MINGW_GCC = shutil.which("x86_64-w64-mingw32-gcc")
@@ -55,7 +64,7 @@ def archive_path(platform):
 
 def expected_files(platform):
     exe = ".exe" if platform.startswith("windows") else ""
-    return sorted([f"ml_run{exe}", f"ml_server{exe}", *(f"ml_{i}{exe}" for i in ISAS),
+    return sorted([f"ml_run{exe}", f"ml_server{exe}", *(f"ml_{i}{exe}" for i in PLATFORM_ISAS[platform]),
                    "README.md", "LICENSE", "SHA256SUMS"])
 
 
@@ -210,6 +219,47 @@ def test_linux_ml_server_answers(linux, smol, tmp_path):
         assert "Paris" in srv.chat(QUESTION)
     finally:
         srv.stop()
+
+
+# ---------------------------------------------------------------- ARM (under qemu-user)
+
+# platform -> (qemu-user, CPU model -> the build the launcher must pick there)
+ARM = {
+    "linux-aarch64": ("qemu-aarch64", {"cortex-a53": "neon", "cortex-a76": "neon_dotprod", "max": "sve"}),
+    "linux-armv7hf": ("qemu-arm", {"cortex-a7": "neon", "cortex-a15": "neon"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARM))
+def arm(request, tmp_path_factory):
+    platform = request.param
+    qemu = shutil.which(ARM[platform][0])
+    if not qemu:
+        _unavailable(f"{ARM[platform][0]} is needed (apt-get install -y qemu-user)")
+    folder = unpack(platform, tmp_path_factory.mktemp(f"release-{platform}"))
+    return platform, qemu, folder
+
+
+def test_arm_layout_sums_and_static(arm):
+    platform, _, folder = arm
+    check_sums(folder)
+    assert f"Krafla {VERSION} ({platform})" in (folder / "README.md").read_text()
+    check_static(folder, platform)
+
+
+def test_arm_launcher_picks_per_cpu_and_answers(arm, smol):
+    platform, qemu, folder = arm
+    for cpu, best in ARM[platform][1].items():
+        p = subprocess.run([qemu, "-cpu", cpu, str(folder / "ml_run"), "--version"], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip().endswith(f"ml_{best}"), f"{platform} on {cpu}: {p.stdout}"
+    cpu, best = next(iter(ARM[platform][1].items()))  # the oldest core: a Raspberry Pi 3 / 2
+    env = clean_env(ML_RUN_WRAPPER=f"{qemu} -cpu {cpu}")
+    p = subprocess.run([qemu, "-cpu", cpu, str(folder / "ml_run"), *map(str, chat_args(smol("q4_0"), smol("mlt")))],
+                       capture_output=True, text=True, timeout=900, cwd=folder.parent, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout and f"krafla: isa {best}," in p.stderr, p.stdout + p.stderr
 
 
 # ---------------------------------------------------------------- Windows (under wine)

@@ -8,7 +8,8 @@
 //!   cargo xtask dist PLATFORM [--isa NAME]
 //!                                     one static executable per ISA variant (or just NAME)
 //!                                     in dist/PLATFORM/ml_<isa>, plus the launcher ml_run;
-//!                                     PLATFORM: linux-x86_64 or windows-x86_64 (.exe)
+//!                                     PLATFORM: linux-x86_64, windows-x86_64 (.exe),
+//!                                     linux-aarch64 or linux-armv7hf (cross-built)
 //!   cargo xtask release PLATFORM      dist/krafla-<version>-PLATFORM.tar.gz (linux) or .zip
 //!                                     (windows): ml_run, ml_server, every ml_<isa>, README.md,
 //!                                     LICENSE, SHA256SUMS; executables stripped and checked static
@@ -24,7 +25,7 @@ use std::process::Command;
 mod archive;
 mod static_check;
 mod variants;
-use variants::{Variant, X86_64_VARIANTS};
+use variants::{Variant, AARCH64_VARIANTS, ARM_VARIANTS, X86_64_VARIANTS};
 
 /// A platform we build release executables for.
 struct Platform {
@@ -34,19 +35,61 @@ struct Platform {
     exe_suffix: &'static str,
     /// `strip` for this target's executables.
     strip: &'static str,
+    /// The C cross linker cargo needs for this target (None: the host's).
+    linker: Option<&'static str>,
+    /// What installs the cross toolchain (for the error message).
+    install: &'static str,
+    /// Its per-ISA builds, fastest first (build/src/variants.rs).
+    variants: &'static [Variant],
     zip: bool,
 }
 
 const PLATFORMS: &[Platform] = &[
-    Platform { name: "linux-x86_64", triple: "x86_64-unknown-linux-gnu", exe_suffix: "", strip: "strip", zip: false },
+    Platform {
+        name: "linux-x86_64",
+        triple: "x86_64-unknown-linux-gnu",
+        exe_suffix: "",
+        strip: "strip",
+        linker: None,
+        install: "",
+        variants: X86_64_VARIANTS,
+        zip: false,
+    },
     Platform {
         name: "windows-x86_64",
         triple: "x86_64-pc-windows-gnu",
         exe_suffix: ".exe",
         strip: "x86_64-w64-mingw32-strip",
+        linker: None, // rustc's windows-gnu target calls x86_64-w64-mingw32-gcc itself
+        install: "apt-get install -y gcc-mingw-w64-x86-64",
+        variants: X86_64_VARIANTS,
         zip: true,
     },
+    Platform {
+        name: "linux-aarch64",
+        triple: "aarch64-unknown-linux-gnu",
+        exe_suffix: "",
+        strip: "aarch64-linux-gnu-strip",
+        linker: Some("aarch64-linux-gnu-gcc"),
+        install: "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
+        variants: AARCH64_VARIANTS,
+        zip: false,
+    },
+    Platform {
+        name: "linux-armv7hf",
+        triple: "armv7-unknown-linux-gnueabihf",
+        exe_suffix: "",
+        strip: "arm-linux-gnueabihf-strip",
+        linker: Some("arm-linux-gnueabihf-gcc"),
+        install: "apt-get install -y gcc-arm-linux-gnueabihf libc6-dev-armhf-cross",
+        variants: ARM_VARIANTS,
+        zip: false,
+    },
 ];
+
+fn platform_names() -> String {
+    PLATFORMS.iter().map(|p| p.name).collect::<Vec<_>>().join("|")
+}
 
 fn platform(name: &str) -> Result<&'static Platform, String> {
     PLATFORMS.iter().find(|p| p.name == name).ok_or_else(|| {
@@ -138,11 +181,14 @@ fn test() -> Result<(), String> {
         #[cfg(target_os = "linux")]
         {
             release("linux-x86_64")?;
-            // Without the Windows toolchain the archive is missing and
-            // tests/test_release.py says so (skips, or fails in CI).
-            match windows_toolchain() {
-                Ok(()) => release("windows-x86_64")?,
-                Err(e) => eprintln!("xtask: NOT building the Windows release: {e}"),
+            // The cross-built releases, for tests/test_release.py,
+            // test_arm.py and test_armv7.py. Without a cross toolchain that
+            // archive is missing and the tests say so (skip, or fail in CI).
+            for name in ["windows-x86_64", "linux-aarch64", "linux-armv7hf"] {
+                match cross_toolchain(platform(name)?) {
+                    Ok(()) => release(name)?,
+                    Err(e) => eprintln!("xtask: NOT building the {name} release: {e}"),
+                }
             }
         }
     }
@@ -157,12 +203,12 @@ fn test() -> Result<(), String> {
     run(&mut pytest)
 }
 
-/// The variants selected by `--isa NAME` (all when None).
-fn selected(isa: Option<&str>) -> Result<Vec<&'static Variant>, String> {
+/// The variants of `all` selected by `--isa NAME` (all when None).
+fn selected(all: &'static [Variant], isa: Option<&str>) -> Result<Vec<&'static Variant>, String> {
     match isa {
-        None => Ok(X86_64_VARIANTS.iter().collect()),
-        Some(name) => variants::variant(name).map(|v| vec![v]).ok_or_else(|| {
-            let names: Vec<&str> = X86_64_VARIANTS.iter().map(|v| v.name).collect();
+        None => Ok(all.iter().collect()),
+        Some(name) => all.iter().find(|v| v.name == name).map(|v| vec![v]).ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|v| v.name).collect();
             format!("unknown ISA '{name}' (known: {})", names.join(", "))
         }),
     }
@@ -175,17 +221,34 @@ fn variant_cargo(v: &Variant, subcommand: &str) -> Command {
 }
 
 fn variant_cargo_for(v: &Variant, subcommand: &str, triple: &str) -> Command {
+    let mut cmd = static_cargo(subcommand, triple, v.rustc_features, &format!("target/{}", v.name));
+    cmd.env("KRAFLA_EXPECT_ISA", v.name);
+    cmd
+}
+
+/// cargo for a static build for `triple` with `features` (rustc target
+/// features, may be empty) in `target_dir`, the cross linker set if needed.
+fn static_cargo(subcommand: &str, triple: &str, features: &str, target_dir: &str) -> Command {
     let mut flags = String::from("-C target-feature=+crt-static");
-    if !v.rustc_features.is_empty() {
+    if !features.is_empty() {
         flags.push(',');
-        flags.push_str(v.rustc_features);
+        flags.push_str(features);
     }
     let mut cmd = cargo();
-    cmd.env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env("RUSTFLAGS", flags)
-        .env("KRAFLA_EXPECT_ISA", v.name)
-        .args([subcommand, "--release", "--target", triple, "--target-dir"])
-        .arg(format!("target/{}", v.name));
+    cmd.env_remove("CARGO_ENCODED_RUSTFLAGS").env("RUSTFLAGS", flags).args([
+        subcommand,
+        "--release",
+        "--target",
+        triple,
+        "--target-dir",
+        target_dir,
+    ]);
+    if let Some(p) = PLATFORMS.iter().find(|p| p.triple == triple) {
+        if let Some(linker) = p.linker {
+            let var = format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase().replace('-', "_"));
+            cmd.env(var, linker);
+        }
+    }
     cmd
 }
 
@@ -225,7 +288,7 @@ fn cpu_has(feature: &str) -> bool {
 #[cfg(target_arch = "x86_64")]
 fn kernel_tests(isa: Option<&str>) -> Result<(), String> {
     let mut skipped = Vec::new();
-    for v in selected(isa)? {
+    for v in selected(X86_64_VARIANTS, isa)? {
         if let Some(f) = missing_feature(v) {
             eprintln!("xtask: kernel-tests: SKIPPING {}: this CPU lacks '{f}'", v.name);
             skipped.push(v.name);
@@ -250,33 +313,33 @@ fn probe(program: &str, arg: &str) -> bool {
     Command::new(program).arg(arg).output().is_ok_and(|o| o.status.success())
 }
 
-/// The cross toolchain for windows-x86_64, or the exact commands that install it.
-fn windows_toolchain() -> Result<(), String> {
+/// The cross toolchain for a platform (Rust target, C linker, strip), or the
+/// exact commands that install it.
+fn cross_toolchain(p: &Platform) -> Result<(), String> {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
-    let sysroot = Command::new(&rustc)
-        .args(["--print", "sysroot"])
-        .output()
-        .map_err(|e| format!("cannot run {rustc}: {e}"))?;
+    let sysroot =
+        Command::new(&rustc).args(["--print", "sysroot"]).output().map_err(|e| format!("cannot run {rustc}: {e}"))?;
     let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
     let mut missing = Vec::new();
-    if !sysroot.join("lib/rustlib/x86_64-pc-windows-gnu/lib").is_dir() {
-        missing.push("the Rust target: rustup target add x86_64-pc-windows-gnu");
+    if !sysroot.join("lib/rustlib").join(p.triple).join("lib").is_dir() {
+        missing.push(format!("the Rust target: rustup target add {}", p.triple));
     }
-    if !probe("x86_64-w64-mingw32-gcc", "--version") || !probe("x86_64-w64-mingw32-strip", "--version") {
-        missing.push("the MinGW-w64 linker: apt-get install -y gcc-mingw-w64-x86-64");
+    let linker = p.linker.unwrap_or(if p.zip { "x86_64-w64-mingw32-gcc" } else { "cc" });
+    if !probe(linker, "--version") || !probe(p.strip, "--version") {
+        missing.push(format!("the linker {linker} and {}: {}", p.strip, p.install));
     }
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!("the windows-x86_64 build needs {}", missing.join("; and ")))
+        Err(format!("the {} build needs {}", p.name, missing.join("; and ")))
     }
 }
 
 /// Static per-ISA executables and the launcher in dist/<platform>/.
 fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
     let p = platform(platform_name)?;
-    if p.zip {
-        windows_toolchain()?;
+    if p.triple != PLATFORMS[0].triple {
+        cross_toolchain(p)?;
     }
     let out = repo_root().join("dist").join(p.name);
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
@@ -288,15 +351,18 @@ fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
         Ok(())
     };
     let exe = |stem: &str| format!("{stem}{}", p.exe_suffix);
-    for v in selected(isa)? {
+    for v in selected(p.variants, isa)? {
         run(variant_cargo_for(v, "build", p.triple).args(["-p", "krafla-variant", "--bin", "ml_variant"]))?;
         let built = repo_root().join("target").join(v.name).join(p.triple).join("release").join(exe("ml_variant"));
         copy(built, out.join(exe(&format!("ml_{}", v.name))))?;
     }
-    // The launcher runs on any x86-64: baseline features, built beside sse2.
-    let sse2 = variants::variant("sse2").expect("the table has sse2");
-    run(variant_cargo_for(sse2, "build", p.triple).args(["-p", "krafla-launcher", "--bin", "ml_run"]))?;
-    let built = repo_root().join("target/sse2").join(p.triple).join("release").join(exe("ml_run"));
+    // The launcher runs on any CPU of the architecture: no target features
+    // beyond the target's baseline. It shares the baseline build's target dir
+    // when that build has no extra features (x86-64 sse2, AArch64 neon).
+    let base = variants::baseline(p.variants).expect("every platform has builds");
+    let dir = if base.rustc_features.is_empty() { format!("target/{}", base.name) } else { "target/launcher".into() };
+    run(static_cargo("build", p.triple, "", &dir).args(["-p", "krafla-launcher", "--bin", "ml_run"]))?;
+    let built = repo_root().join(&dir).join(p.triple).join("release").join(exe("ml_run"));
     copy(built, out.join(exe("ml_run")))
 }
 
@@ -336,7 +402,7 @@ fn release(platform_name: &str) -> Result<(), String> {
     let server = archive::Entry { name: exe("ml_server"), data: launcher.data.clone(), executable: true };
     entries.push(launcher);
     entries.push(server);
-    for v in X86_64_VARIANTS {
+    for v in p.variants {
         let name = exe(&format!("ml_{}", v.name));
         entries.push(release_exe(p, &dist_dir.join(&name), &name, &scratch)?);
     }
@@ -412,11 +478,11 @@ fn main() {
         Some("test") => test(),
         Some("dist") => match args.get(1) {
             Some(platform) => isa_arg(&args[2..]).and_then(|isa| dist(platform, isa)),
-            None => Err("usage: cargo xtask dist linux-x86_64|windows-x86_64 [--isa NAME]".to_string()),
+            None => Err(format!("usage: cargo xtask dist {} [--isa NAME]", platform_names())),
         },
         Some("release") => match &args[1..] {
             [platform] => release(platform),
-            _ => Err("usage: cargo xtask release linux-x86_64|windows-x86_64".to_string()),
+            _ => Err(format!("usage: cargo xtask release {}", platform_names())),
         },
         Some("check-static") => check_static(&args[1..]),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),

@@ -8,7 +8,7 @@
 //!   DLLs; no COFF symbol table.
 
 use object::pe::ImageNtHeaders64;
-use object::read::elf::{Dyn, ElfFile64, ProgramHeader};
+use object::read::elf::{Dyn, ElfFile, FileHeader, ProgramHeader};
 use object::read::pe::ImageNtHeaders;
 use object::{Endianness, FileKind, Object};
 
@@ -39,14 +39,15 @@ fn system_dll(name: &str) -> bool {
 /// Ok(description) when `data` is a static, stripped executable; Err(why not).
 pub fn check(data: &[u8]) -> Result<String, String> {
     match FileKind::parse(data).map_err(|e| format!("not an object file: {e}"))? {
-        FileKind::Elf64 => check_elf(data),
+        FileKind::Elf64 => check_elf::<object::elf::FileHeader64<Endianness>>(data),
+        FileKind::Elf32 => check_elf::<object::elf::FileHeader32<Endianness>>(data),
         FileKind::Pe64 => check_pe(data),
         other => Err(format!("unexpected file kind {other:?}")),
     }
 }
 
-fn check_elf(data: &[u8]) -> Result<String, String> {
-    let elf = ElfFile64::<Endianness>::parse(data).map_err(|e| format!("bad ELF: {e}"))?;
+fn check_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<String, String> {
+    let elf = ElfFile::<Elf>::parse(data).map_err(|e| format!("bad ELF: {e}"))?;
     let endian = elf.endian();
     let mut needed = 0;
     let mut pie = false;
@@ -76,7 +77,8 @@ fn check_elf(data: &[u8]) -> Result<String, String> {
     if elf.section_by_name(".symtab").is_some() {
         return Err("not stripped (has .symtab)".into());
     }
-    Ok(format!("ELF, {}, stripped", if pie { "static-pie" } else { "static" }))
+    let machine = format!("{:?}", elf.architecture()).to_lowercase();
+    Ok(format!("ELF {machine}, {}, stripped", if pie { "static-pie" } else { "static" }))
 }
 
 fn check_pe(data: &[u8]) -> Result<String, String> {

@@ -108,7 +108,7 @@ pub const ARM_FEATURES: &[HwcapFeature] = &[
 pub struct Variant {
     /// Build name: `dist/<platform>/ml_<name>`, `krafla::kernels::ISA`.
     pub name: &'static str,
-    /// rustc target features on top of the x86-64 baseline (for `-C target-feature=`).
+    /// rustc target features on top of the target's baseline (for `-C target-feature=`).
     pub rustc_features: &'static str,
     /// CPU features to check (names in `CPU_FEATURES`, or `AARCH64_FEATURES` /
     /// `ARM_FEATURES` for ARM variants): exactly the features
@@ -135,11 +135,22 @@ pub const X86_64_VARIANTS: &[Variant] = &[
     Variant { name: "sse2", rustc_features: "", cpu_features: &[] },
 ];
 
-/// AArch64 variants, fastest first (none yet: the ARM issue adds them).
-pub const AARCH64_VARIANTS: &[Variant] = &[];
+/// AArch64 variants, fastest first. NEON (ASIMD) is the AArch64 baseline.
+pub const AARCH64_VARIANTS: &[Variant] = &[
+    Variant { name: "sve", rustc_features: "+dotprod,+i8mm,+sve", cpu_features: &["sve", "i8mm", "dotprod", "neon"] },
+    Variant { name: "i8mm", rustc_features: "+dotprod,+i8mm", cpu_features: &["i8mm", "dotprod", "neon"] },
+    Variant { name: "neon_dotprod", rustc_features: "+dotprod", cpu_features: &["dotprod", "neon"] },
+    Variant { name: "neon", rustc_features: "", cpu_features: &[] },
+];
 
-/// 32-bit ARM variants, fastest first (none yet).
-pub const ARM_VARIANTS: &[Variant] = &[];
+/// 32-bit ARM (armv7hf) variants: one, armv7-a with NEON and VFPv4 (every
+/// Cortex-A7/A15/A53/A72 under a 32-bit OS). rustc calls `neon` and `vfp4`
+/// unstable target features on this target (a warning, not an error), and
+/// `cfg(target_feature)` does not see them: the kernels are chosen by
+/// architecture (shared/src/kernels/armv7_neon.rs) and the start-up guard
+/// always checks both features.
+pub const ARM_VARIANTS: &[Variant] =
+    &[Variant { name: "neon", rustc_features: "+neon,+vfp4,+d32", cpu_features: &["neon", "vfp4"] }];
 
 /// The variants for a CPU architecture (`std::env::consts::ARCH` spelling).
 pub fn variants_for(arch: &str) -> &'static [Variant] {
@@ -154,4 +165,9 @@ pub fn variants_for(arch: &str) -> &'static [Variant] {
 /// The x86-64 variant called `name`.
 pub fn variant(name: &str) -> Option<&'static Variant> {
     X86_64_VARIANTS.iter().find(|v| v.name == name)
+}
+
+/// The slowest variant of `variants` (the last), the one that needs least.
+pub fn baseline(variants: &'static [Variant]) -> Option<&'static Variant> {
+    variants.last()
 }

@@ -13,6 +13,9 @@
 //! Installed under the name `ml_server` (busybox style), it starts the chosen
 //! build with `--server` prepended.
 //!
+//! With ML_RUN_WRAPPER set (e.g. `qemu-aarch64 -cpu cortex-a76`), the chosen
+//! build is started through that command (see `command_for`).
+//!
 //! Own options (anywhere before a `--`; everything else is passed on):
 //!   --isa NAME     run that build (error if unknown, absent, or this CPU lacks it)
 //!   --list-isas    table of builds: present / supported / selected
@@ -113,13 +116,17 @@ fn choose(
     Err(if any_present {
         "none of the Krafla builds in this directory runs on this CPU (see --list-isas)".to_string()
     } else {
-        format!("no Krafla build (ml_<isa>{} or {}) in this directory", std::env::consts::EXE_SUFFIX, exe_name(FALLBACK))
+        format!(
+            "no Krafla build (ml_<isa>{} or {}) in this directory",
+            std::env::consts::EXE_SUFFIX,
+            exe_name(FALLBACK)
+        )
     })
 }
 
 fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<&str>) {
     println!("Krafla builds for {}-{} in {}", std::env::consts::OS, std::env::consts::ARCH, dir.display());
-    println!("{:<14} {:<8} {:<10} {:<9} needs", "build", "present", "supported", "selected");
+    println!("{:<16} {:<8} {:<10} {:<9} needs", "build", "present", "supported", "selected");
     let yes = |b: bool| if b { "yes" } else { "no" };
     for v in variants {
         let file = format!("ml_{}", v.name);
@@ -129,7 +136,7 @@ fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<
         };
         let needs = if v.cpu_features.is_empty() { "baseline".to_string() } else { v.cpu_features.join(" ") };
         println!(
-            "{:<14} {:<8} {:<10} {:<9} {}",
+            "{:<16} {:<8} {:<10} {:<9} {}",
             file,
             yes(build_file(dir, v.name).is_file()),
             supported,
@@ -140,7 +147,7 @@ fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<
     let fallback = dir.join(exe_name(FALLBACK));
     if fallback.is_file() || selected == Some(FALLBACK) {
         println!(
-            "{:<14} {:<8} {:<10} {:<9} host build (used when no ml_<isa> fits)",
+            "{:<16} {:<8} {:<10} {:<9} host build (used when no ml_<isa> fits)",
             FALLBACK,
             yes(fallback.is_file()),
             "-",
@@ -182,7 +189,12 @@ fn main() {
     }
     if opts.version {
         let name = if server { "ml_server" } else { "ml_run" };
-        println!("{name} {} (Krafla launcher, {}-{})", env!("CARGO_PKG_VERSION"), std::env::consts::OS, std::env::consts::ARCH);
+        println!(
+            "{name} {} (Krafla launcher, {}-{})",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        );
         match &chosen {
             Ok(build) => println!("runs {}", dir.join(exe_name(build)).display()),
             Err(e) => fail(e),
@@ -204,12 +216,32 @@ fn main() {
     run(&target, args)
 }
 
+/// The command that starts `target`: `target` itself, or, when the
+/// environment variable ML_RUN_WRAPPER holds a command (split at
+/// whitespace), that command with `target` appended, as cargo's
+/// `target.<triple>.runner`. It runs the chosen build under an emulator
+/// (`ML_RUN_WRAPPER="qemu-aarch64 -cpu cortex-a76"`: an emulated launcher
+/// cannot exec a foreign executable without binfmt_misc) or a profiler.
+fn command_for(target: &Path, wrapper: Option<OsString>) -> std::process::Command {
+    let words: Vec<String> =
+        wrapper.map(|w| w.to_string_lossy().split_whitespace().map(str::to_string).collect()).unwrap_or_default();
+    match words.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(rest).arg(target);
+            cmd
+        }
+        None => std::process::Command::new(target),
+    }
+}
+
 /// Replaces this process with `target`.
 #[cfg(unix)]
 fn run(target: &Path, args: Vec<OsString>) -> ! {
     use std::os::unix::process::CommandExt;
-    let err = std::process::Command::new(target).args(args).exec();
-    fail(&format!("cannot start {}: {err}", target.display()))
+    let mut cmd = command_for(target, std::env::var_os("ML_RUN_WRAPPER"));
+    let err = cmd.args(args).exec();
+    fail(&format!("cannot start {:?}: {err}", cmd.get_program()))
 }
 
 /// Starts `target`, waits, and exits with its exit code. Ctrl-C reaches both
@@ -262,7 +294,7 @@ fn run(target: &Path, args: Vec<OsString>) -> ! {
     unsafe {
         SetConsoleCtrlHandler(None, 1);
     }
-    let mut child = match std::process::Command::new(target).args(args).spawn() {
+    let mut child = match command_for(target, std::env::var_os("ML_RUN_WRAPPER")).args(args).spawn() {
         Ok(c) => c,
         Err(err) => fail(&format!("cannot start {}: {err}", target.display())),
     };
@@ -367,5 +399,34 @@ mod tests {
         let no_sse41 = |n: &str| n != "sse41";
         let e = choose(X86_64_VARIANTS, &cpu, &no_sse41, true, Some("sse41")).unwrap_err();
         assert!(e.contains("is not in this directory"), "{e}");
+    }
+
+    #[test]
+    fn wrapper_prefixes_the_build() {
+        let t = Path::new("/opt/krafla/ml_neon");
+        let c = command_for(t, None);
+        assert_eq!(c.get_program(), t.as_os_str());
+        assert_eq!(c.get_args().count(), 0);
+        let c = command_for(t, Some("  ".into()));
+        assert_eq!(c.get_program(), t.as_os_str());
+        let c = command_for(t, Some(" qemu-aarch64  -cpu cortex-a76 ".into()));
+        assert_eq!(c.get_program(), "qemu-aarch64");
+        let args: Vec<_> = c.get_args().collect();
+        assert_eq!(args, ["-cpu", "cortex-a76", "/opt/krafla/ml_neon"]);
+    }
+
+    #[test]
+    fn arm_tables_pick_the_best_build() {
+        let all = |_: &str| true;
+        let pick = |names: &[&'static str]| choose(table::AARCH64_VARIANTS, &features(names), &all, false, None);
+        assert_eq!(pick(&["neon"]).unwrap(), "ml_neon"); // Cortex-A53/A72 (Pi 3, Pi 4)
+        assert_eq!(pick(&["dotprod", "fp16", "neon"]).unwrap(), "ml_neon_dotprod"); // Cortex-A76 (Pi 5)
+        assert_eq!(pick(&["i8mm", "bf16", "dotprod", "neon"]).unwrap(), "ml_i8mm"); // Neoverse N2
+        assert_eq!(pick(&["sve", "i8mm", "dotprod", "neon"]).unwrap(), "ml_sve"); // Neoverse V1
+        assert_eq!(pick(&["sve", "neon", "fp16"]).unwrap(), "ml_neon"); // A64FX: SVE, no dotprod
+        let arm = |names: &[&'static str]| choose(table::ARM_VARIANTS, &features(names), &all, false, None);
+        assert_eq!(arm(&["vfp4", "neon"]).unwrap(), "ml_neon");
+        let e = arm(&["vfp4"]).unwrap_err();
+        assert!(e.contains("none of the Krafla builds"), "{e}");
     }
 }

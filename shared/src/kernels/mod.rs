@@ -202,6 +202,14 @@ pub mod neon_dotprod;
 #[cfg(all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm", target_feature = "sve"))]
 pub mod sve;
 
+// 32-bit ARM: Krafla needs NEON there (armv7-a + NEON + VFPv4, the armv7hf
+// release's one build). rustc's `neon` target feature is not stable on 32-bit
+// ARM, so it is not visible to `cfg`: the module is chosen by the
+// architecture, written in `asm!`, and the start-up guard
+// (variants/src/guard_arm.rs) refuses a CPU without NEON.
+#[cfg(target_arch = "arm")]
+pub mod armv7_neon;
+
 // Exactly one `arch` is in scope: the best kernel set the target features allow.
 macro_rules! select {
     ($( [$($cond:tt)*] => $module:ident, $name:literal; )*) => {
@@ -228,7 +236,8 @@ select! {
     [all(target_arch = "aarch64", target_feature = "dotprod", target_feature = "i8mm", not(target_feature = "sve"))] => i8mm, "i8mm";
     [all(target_arch = "aarch64", target_feature = "dotprod", not(target_feature = "i8mm"))] => neon_dotprod, "neon_dotprod";
     [all(target_arch = "aarch64", not(target_feature = "dotprod"))] => neon, "neon";
-    [not(any(target_arch = "x86_64", target_arch = "aarch64"))] => portable, "portable";
+    [target_arch = "arm"] => armv7_neon, "neon";
+    [not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm"))] => portable, "portable";
 }
 
 /// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
