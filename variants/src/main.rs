@@ -2,7 +2,12 @@
 mod guard;
 #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
 mod guard_aarch64;
-#[cfg(any(all(target_arch = "x86_64", any(target_os = "linux", windows)), all(target_arch = "aarch64", target_os = "linux")))]
+#[cfg(all(target_arch = "arm", target_os = "linux"))]
+mod guard_arm;
+#[cfg(any(
+    all(target_arch = "x86_64", any(target_os = "linux", windows)),
+    all(any(target_arch = "aarch64", target_arch = "arm"), target_os = "linux")
+))]
 mod guard_message;
 
 fn main() {
