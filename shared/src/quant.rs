@@ -63,6 +63,12 @@ impl Default for BlockQ8Act {
     }
 }
 
+/// The quants of an all-zero Q8 block, and the nibbles of an all-zero Q4
+/// block: what a vector kernel's last, partial step of eight blocks reads in
+/// place of the blocks past the end (their products are 0).
+pub static ZERO_Q8: [i8; QK] = [0; QK];
+pub static ZERO_Q4: [u8; QK / 2] = [0; QK / 2];
+
 /// A Q8 weight block, whatever its scale type.
 pub trait Q8Block: Copy + Send + Sync + 'static {
     /// The scale is an f16 (else an f32): tells vector kernels how to read `scale_bits`.

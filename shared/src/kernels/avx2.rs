@@ -6,7 +6,21 @@
 //! to the eight block sums, then one f32 multiply and add into the eight
 //! lanes (`sum_blocks8!`). The AVX-512 VNNI build re-exports the f32 half.
 
-entry_points!(dot_f32, dot_f16_f32, dot_q8, dot_q4, rmsnorm, softmax, axpy, silu_mul, gelu_tanh_mul, f16_to_f32, vexp);
+entry_points!(
+    dot_f32,
+    dot_f16_f32,
+    dot_q8,
+    dot_q4,
+    dot_q8_x4,
+    dot_q4_x4,
+    rmsnorm,
+    softmax,
+    axpy,
+    silu_mul,
+    gelu_tanh_mul,
+    f16_to_f32,
+    vexp
+);
 
 /// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8
 /// (multiply then add, no FMA), lanes combined as `portable::combine8`.
@@ -49,13 +63,79 @@ macro_rules! sum_blocks8 {
 #[allow(unused_imports)]
 pub(crate) use sum_blocks8;
 
+/// `sum_blocks8!` for one weight row and four activation rows (four tokens
+/// of a prompt): per step of eight blocks the weight side (`|i, r| wv`:
+/// loaded, unpacked registers) and the scales are made once, then each
+/// token's lanes take exactly `sum_blocks8!`'s operations (`|wv, x| isums`
+/// for activation row `x`), so result t equals the single-token dot of
+/// `xs[t]` bit for bit. The last n % 8 blocks are one more step with r < 8
+/// blocks, the others read as zero blocks (`ZERO_Q4`, `ZERO_Q8`, scale 0):
+/// their lanes add (0·0)·0 = +0, which leaves every lane as it was (a lane
+/// sum that starts at +0 is never −0), so the lanes hold what
+/// `sum_blocks8!`'s one-by-one tail gives them, without leaving registers.
+/// Rows without contiguous scales and sums take the one-by-one path.
+macro_rules! sum_blocks8_x4 {
+    ($xs:expr, $q4:expr, $f16:expr, |$i:ident, $r:ident| $wprep:expr, |$wv:ident, $x:ident| $isums:expr,
+     |$j:ident| $bits:expr, |$b:ident, $xb:ident| $one:expr $(,)?) => {{
+        use $crate::kernels::avx2::imp as a;
+        let xs: [$crate::quant::ActRef; 4] = $xs;
+        let n = xs[0].len();
+        if xs.iter().all(|x| x.has_side() && x.len() == n) {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut $i = 0usize;
+            while $i + 8 <= n {
+                let $r = 8usize; // a constant: the zero-block choices compile away
+                let $wv = $wprep;
+                let dw = a::scales8(
+                    $f16,
+                    #[inline(always)]
+                    |$j: usize| if $j < $r { $bits } else { 0 },
+                );
+                acc = unroll!(4, |t| {
+                    let $x = xs[t];
+                    let s = $isums;
+                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets_part($x, $i, $r)) } else { s };
+                    a::fold8_part(acc[t], s, dw, $x, $i, $r)
+                });
+                $i += 8;
+            }
+            if $i < n {
+                let $r = n - $i;
+                let $wv = $wprep;
+                let dw = a::scales8(
+                    $f16,
+                    #[inline(always)]
+                    |$j: usize| if $j < $r { $bits } else { 0 },
+                );
+                acc = unroll!(4, |t| {
+                    let $x = xs[t];
+                    let s = $isums;
+                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets_part($x, $i, $r)) } else { s };
+                    a::fold8_part(acc[t], s, dw, $x, $i, $r)
+                });
+            }
+            return acc.map(|v| a::hsum(v));
+        }
+        xs.map(|$xb| {
+            let mut lanes = [0.0f32; 8];
+            for $b in 0..$xb.len() {
+                let (isum, scale): (i32, f32) = $one;
+                lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
+            }
+            $crate::kernels::portable::combine8(lanes)
+        })
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use sum_blocks8_x4;
+
 pub(super) mod imp {
     use core::arch::x86_64::*;
 
     use half::f16;
 
     use super::super::sse2::imp::{halves, ld16};
-    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
+    use crate::quant::{ActRef, Q4Block, Q8Block, QK, ZERO_Q4, ZERO_Q8};
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -198,6 +278,68 @@ pub(super) mod imp {
         _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
     }
 
+    /// `v[i..i + r]` (f32 or i32, r ≤ 8) as lanes 0..r of a vector, zeros above.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn ld8_part<T: Copy>(v: &[T], i: usize, r: usize) -> __m256i {
+        if r == 8 {
+            return ld8(v, i);
+        }
+        assert_eq!(core::mem::size_of::<T>(), 4);
+        let c = &v[i..i + r];
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(r as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        // SAFETY: the mask enables lanes 0..r, which are `c`'s r readable
+        // 4-byte values; masked-off lanes are not accessed (cannot fault) and read as 0.
+        unsafe { _mm256_maskload_epi32(c.as_ptr() as *const i32, mask) }
+    }
+
+    /// `q4_offsets` of blocks i..i+r (r ≤ 8), 0 in lanes r..8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn q4_offsets_part(x: ActRef, i: usize, r: usize) -> __m256i {
+        let s = ld8_part(x.sum, i, r);
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
+    }
+
+    /// `fold8` of blocks i..i+r (r ≤ 8; d_x = 0 in lanes r..8).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn fold8_part(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize, r: usize) -> __m256 {
+        let dx = _mm256_castsi256_ps(ld8_part(x.d, i, r));
+        let d = _mm256_mul_ps(dw, dx);
+        _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
+    }
+
+    /// Quants of weight block i + j, or a zero block from j = r on.
+    #[inline(always)]
+    pub(crate) fn q8_or_zero<B: Q8Block>(w: &[B], i: usize, j: usize, r: usize) -> &[i8; QK] {
+        if j < r {
+            w[i + j].quants()
+        } else {
+            &ZERO_Q8
+        }
+    }
+
+    /// Nibbles of weight block i + j, or a zero block from j = r on.
+    #[inline(always)]
+    pub(crate) fn q4_or_zero<B: Q4Block>(w: &[B], i: usize, j: usize, r: usize) -> &[u8; QK / 2] {
+        if j < r {
+            w[i + j].nibbles()
+        } else {
+            &ZERO_Q4
+        }
+    }
+
+    /// Quants of activation block i + j, or a zero block from j = r on.
+    #[inline(always)]
+    pub(crate) fn act_or_zero(x: ActRef<'_>, i: usize, j: usize, r: usize) -> &[i8; QK] {
+        if j < r {
+            &x.blocks()[i + j].qs
+        } else {
+            &ZERO_Q8
+        }
+    }
+
     /// `sum_blocks8!`'s step: acc + (d_w·d_x)·isums for blocks i..i+8.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -292,6 +434,62 @@ pub(super) mod imp {
             },
             |j| w[i + j].scale_bits(),
             |b| (
+                hsum_i32(maddubs(unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs))) - 8 * x.blocks()[b].sum,
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// `dot_q8` of one weight row with four activation rows, the weights
+    /// loaded once per block (each result bit-identical to `dot_q8`'s).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
+        sum_blocks8_x4!(
+            xs,
+            false,
+            B::F16_SCALE,
+            |i, r| unroll!(8, |j| ld32(q8_or_zero(w, i, j, r))),
+            |wv, x| {
+                reduce8(unroll!(8, |j| {
+                    let (a, b) = (wv[j], ld32(act_or_zero(x, i, j, r)));
+                    maddubs(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b, x| (
+                hsum_i32(maddubs(
+                    _mm256_sign_epi8(ld32(w[b].quants()), ld32(w[b].quants())),
+                    _mm256_sign_epi8(ld32(&x.blocks()[b].qs), ld32(w[b].quants()))
+                )),
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// `dot_q4` of one weight row with four activation rows, the nibbles
+    /// unpacked once per block pair (each result bit-identical to `dot_q4`'s).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
+        sum_blocks8_x4!(
+            xs,
+            true,
+            B::F16_SCALE,
+            |i, r| unroll!(4, |p| nibble_pair(q4_or_zero(w, i, 2 * p, r), q4_or_zero(w, i, 2 * p + 1, r))),
+            |wv, x| {
+                reduce_pairs(unroll!(4, |p| {
+                    let (lo, hi) = wv[p];
+                    let (x0, x1) = act_pair(act_or_zero(x, i, 2 * p, r), act_or_zero(x, i, 2 * p + 1, r));
+                    // pair sums ≤ 2·15·127 each, two of them: the i16 add is exact
+                    let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b, x| (
                 hsum_i32(maddubs(unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs))) - 8 * x.blocks()[b].sum,
                 w[b].scale()
             ),

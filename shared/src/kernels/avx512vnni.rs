@@ -9,13 +9,16 @@
 pub use super::avx2::vexp;
 pub use super::avx2::{axpy, dot_f16_f32, dot_f32, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax};
 
-entry_points!(dot_q8, dot_q4);
+entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4);
 
 mod imp {
     use core::arch::x86_64::*;
 
-    use super::super::avx2::imp::{act_pair, hsum_i32, ld32, nibble_pair, reduce8, reduce_pairs, unpack_nibbles};
-    use super::super::avx2::sum_blocks8;
+    use super::super::avx2::imp::{
+        act_or_zero, act_pair, hsum_i32, ld32, nibble_pair, q4_or_zero, q8_or_zero, reduce8, reduce_pairs,
+        unpack_nibbles,
+    };
+    use super::super::avx2::{sum_blocks8, sum_blocks8_x4};
     use crate::quant::{ActRef, Q4Block, Q8Block};
 
     /// Q8 weights · Q8 activations: |w| × sign(x, w) (activation quants in
@@ -68,6 +71,63 @@ mod imp {
             },
             |j| w[i + j].scale_bits(),
             |b| (
+                {
+                    let (n, q) = (unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs));
+                    hsum_i32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), n, q)) - 8 * x.blocks()[b].sum
+                },
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// `dot_q8` of one weight row with four activation rows, |w| made once
+    /// per block (each result bit-identical to `dot_q8`'s).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
+        sum_blocks8_x4!(
+            xs,
+            false,
+            B::F16_SCALE,
+            |i, r| unroll!(8, |j| ld32(q8_or_zero(w, i, j, r))),
+            |wv, x| {
+                reduce8(unroll!(8, |j| {
+                    let (a, b) = (wv[j], ld32(act_or_zero(x, i, j, r)));
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(a), _mm256_sign_epi8(b, a))
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b, x| (
+                {
+                    let (a, q) = (ld32(w[b].quants()), ld32(&x.blocks()[b].qs));
+                    hsum_i32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(a), _mm256_sign_epi8(q, a)))
+                },
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// `dot_q4` of one weight row with four activation rows, the nibbles
+    /// unpacked once per block pair (each result bit-identical to `dot_q4`'s).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
+        sum_blocks8_x4!(
+            xs,
+            true,
+            B::F16_SCALE,
+            |i, r| unroll!(4, |p| nibble_pair(q4_or_zero(w, i, 2 * p, r), q4_or_zero(w, i, 2 * p + 1, r))),
+            |wv, x| {
+                reduce_pairs(unroll!(4, |p| {
+                    let (lo, hi) = wv[p];
+                    let (x0, x1) = act_pair(act_or_zero(x, i, 2 * p, r), act_or_zero(x, i, 2 * p + 1, r));
+                    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
+                }))
+            },
+            |j| w[i + j].scale_bits(),
+            |b, x| (
                 {
                     let (n, q) = (unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs));
                     hsum_i32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), n, q)) - 8 * x.blocks()[b].sum

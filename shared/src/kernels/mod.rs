@@ -53,6 +53,20 @@ macro_rules! entry_points {
             unsafe { imp::dot_q4(w, x.into()) }
         }
     };
+    (@one dot_q8_x4) => {
+        #[inline]
+        pub fn dot_q8_x4<B: crate::quant::Q8Block>(w: &[B], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q8_x4(w, xs) }
+        }
+    };
+    (@one dot_q4_x4) => {
+        #[inline]
+        pub fn dot_q4_x4<B: crate::quant::Q4Block>(w: &[B], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q4_x4(w, xs) }
+        }
+    };
     (@one rmsnorm) => {
         #[inline]
         pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
@@ -240,6 +254,30 @@ select! {
     [not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm"))] => portable, "portable";
 }
 
+/// One weight row against four tokens' activations (prompt batches): the
+/// kernel set's own four-token kernels where it has them (the weights
+/// loaded and unpacked once for the four), else four single-token dots.
+/// Either way result t is bit-identical to the single-token dot of token t.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+mod tokens4 {
+    pub use super::arch::{dot_q4_x4, dot_q8_x4};
+}
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+mod tokens4 {
+    use super::arch;
+    use crate::quant::{ActRef, Q4Block, Q8Block};
+
+    #[inline]
+    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| arch::dot_q8(w, x))
+    }
+
+    #[inline]
+    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| arch::dot_q4(w, x))
+    }
+}
+
 /// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
 /// into f32 position and multiplied by 2^112 (exact for normals and
 /// subnormals), infinities and NaNs (quieted, as `half` does) patched in.
@@ -290,6 +328,19 @@ impl<'a> MatRef<'a> {
             WeightData::Q8_0F32(w) => arch::dot_q8(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0(w) => arch::dot_q4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0F32(w) => arch::dot_q4(&w[r * b..(r + 1) * b], xq),
+        }
+    }
+
+    /// `row_dot` of row `r` with four input rows (`tokens4`).
+    #[inline]
+    fn row_dot4(&self, r: usize, x: [&[f32]; 4], xq: [ActRef; 4]) -> [f32; 4] {
+        let b = self.cols / QK;
+        match self.data {
+            WeightData::Q8_0(w) => tokens4::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q8_0F32(w) => tokens4::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0(w) => tokens4::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0F32(w) => tokens4::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::F32(_) | WeightData::F16(_) => [0, 1, 2, 3].map(|t| self.row_dot(r, x[t], xq[t])),
         }
     }
 
@@ -387,7 +438,17 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
         by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
             let r0 = tile * ROW_TILE;
             let rows = o.len() / n_tok;
-            for t in 0..n_tok {
+            let mut t = 0;
+            while t + 4 <= n_tok {
+                let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
+                let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
+                for i in 0..rows {
+                    let v = w.row_dot4(r0 + i, x, q);
+                    o[i * n_tok + t..i * n_tok + t + 4].copy_from_slice(&v);
+                }
+                t += 4;
+            }
+            for t in t..n_tok {
                 let (x, q) = one_token(t);
                 for i in 0..rows {
                     o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
@@ -526,6 +587,31 @@ mod tests {
         check("q4", arch::dot_q4(w4, xq), portable::dot_q4(w4, xq), exact_q4(w4, xb));
         check("q8f32", arch::dot_q8(&w8f, xq), portable::dot_q8(&w8f, xq), exact_q8(&w8f, xb));
         check("q4f32", arch::dot_q4(&w4f, xq), portable::dot_q4(&w4f, xq), exact_q4(&w4f, xb));
+    }
+
+    #[test]
+    fn four_token_dots_equal_single_token_dots() {
+        let mut rng = Rng(0x5eed_f00d_1234_5678);
+        for nb in (1..=34).chain([47, 64, 65, 191, 300]) {
+            let (w8, w4) = (q8_blocks(&mut rng, nb), q4_blocks(&mut rng, nb));
+            let (w8f, w4f): (Vec<BlockQ8_0F32>, Vec<BlockQ4_0F32>) = (
+                w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32(), qs: b.qs }).collect(),
+                w4.iter().map(|b| BlockQ4_0F32 { d: b.d.to_f32(), qs: b.qs }).collect(),
+            );
+            let acts: Vec<ActQ8> = (0..4).map(|_| act(&mut rng, nb).1).collect();
+            let xs = [0, 1, 2, 3].map(|t| acts[t].as_ref());
+            let bits = |v: [f32; 4]| v.map(f32::to_bits);
+            let single = |f: &dyn Fn(ActRef) -> f32| bits(xs.map(|x| f(x)));
+            assert_eq!(bits(tokens4::dot_q8_x4(&w8, xs)), single(&|x| arch::dot_q8(&w8, x)), "q8 nb={nb}");
+            assert_eq!(bits(tokens4::dot_q4_x4(&w4, xs)), single(&|x| arch::dot_q4(&w4, x)), "q4 nb={nb}");
+            assert_eq!(bits(tokens4::dot_q8_x4(&w8f, xs)), single(&|x| arch::dot_q8(&w8f, x)), "q8f32 nb={nb}");
+            assert_eq!(bits(tokens4::dot_q4_x4(&w4f, xs)), single(&|x| arch::dot_q4(&w4f, x)), "q4f32 nb={nb}");
+            // activation rows of plain blocks (no contiguous scales): the one-by-one path
+            let plain: Vec<Vec<BlockQ8Act>> = acts.iter().map(|a| a.as_ref().blocks().to_vec()).collect();
+            let xp = [0, 1, 2, 3].map(|t| ActRef::from(&plain[t]));
+            assert_eq!(bits(tokens4::dot_q4_x4(&w4, xp)), single(&|x| arch::dot_q4(&w4, x)), "q4 plain nb={nb}");
+            assert_eq!(bits(tokens4::dot_q8_x4(&w8, xp)), single(&|x| arch::dot_q8(&w8, x)), "q8 plain nb={nb}");
+        }
     }
 
     #[test]
@@ -895,6 +981,15 @@ mod tests {
             };
             time("q4", w4.len() * 18, &|| (0..rows).map(|r| arch::dot_q4(&w4[r * nb..(r + 1) * nb], xq)).sum());
             time("q8", w8.len() * 34, &|| (0..rows).map(|r| arch::dot_q8(&w8[r * nb..(r + 1) * nb], xq)).sum());
+            // four tokens per weight row (prompt batches): GB/s of weights as if read once per token
+            let xs = [xq; 4];
+            let sum4 = |v: [f32; 4]| v.iter().sum::<f32>();
+            time("q4 x4", 4 * w4.len() * 18, &|| {
+                (0..rows).map(|r| sum4(tokens4::dot_q4_x4(&w4[r * nb..(r + 1) * nb], xs))).sum()
+            });
+            time("q8 x4", 4 * w8.len() * 34, &|| {
+                (0..rows).map(|r| sum4(tokens4::dot_q8_x4(&w8[r * nb..(r + 1) * nb], xs))).sum()
+            });
         }
     }
 }
