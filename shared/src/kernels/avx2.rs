@@ -4,7 +4,7 @@
 //! results equal the other x86 builds' (see sse2.rs for why). Quantised dots
 //! take eight blocks per step: per-block i32 vectors, a transpose-add tree
 //! to the eight block sums, then one f32 multiply and add into the eight
-//! lanes (`sum_blocks8!`). The AVX-512 VNNI build re-exports the f32 half.
+//! lanes (`sum_blocks8_n!`). The AVX-512 VNNI build re-exports the f32 half.
 
 entry_points!(
     dot_f32,
@@ -22,66 +22,32 @@ entry_points!(
     vexp
 );
 
-/// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8
-/// (multiply then add, no FMA), lanes combined as `portable::combine8`.
-/// Eight blocks per step: `|i| isums` gives blocks i..i+8's exact
-/// Σ q_w·q_x as eight i32 lanes, `$q4` adds Q4's −8·Σq, `|j| bits` is
-/// weight block i + j's scale bits (f16 when `$f16`). The last n % 8 blocks (all
-/// of them for an `ActRef` without contiguous scales and sums)
-/// go one by one into their lanes with the same scalar operations:
-/// `|b| (isum, scale)` gives block b's exact integer sum (offset included) and
-/// its weight scale. A macro, so that all of it is inlined into the kernel.
-macro_rules! sum_blocks8 {
-    ($x:expr, $q4:expr, $f16:expr, |$i:ident| $isums:expr, |$j:ident| $bits:expr,
-     |$b:ident| $one:expr $(,)?) => {{
-        use $crate::kernels::avx2::imp as a;
-        let x: $crate::quant::ActRef = $x;
-        let n = x.len();
-        let mut acc = _mm256_setzero_ps();
-        let mut $i = 0usize;
-        // Without contiguous scales and sums (`ActRef` from plain blocks) every block takes the one-by-one path.
-        let side = x.has_side();
-        while side && $i + 8 <= n {
-            let s = $isums;
-            let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets(x, $i)) } else { s };
-            let dw = a::scales8(
-                $f16,
-                #[inline(always)]
-                |$j: usize| $bits,
-            );
-            acc = a::fold8(acc, s, dw, x, $i);
-            $i += 8;
-        }
-        let mut lanes = a::lanes(acc);
-        for $b in $i..n {
-            let (isum, scale): (i32, f32) = $one;
-            lanes[$b % 8] += (scale * x.blocks()[$b].d) * isum as f32;
-        }
-        $crate::kernels::portable::combine8(lanes)
-    }};
-}
-#[allow(unused_imports)]
-pub(crate) use sum_blocks8;
-
-/// `sum_blocks8!` for one weight row and four activation rows (four tokens
-/// of a prompt): per step of eight blocks the weight side (`|i, r| wv`:
-/// loaded, unpacked registers) and the scales are made once, then each
-/// token's lanes take exactly `sum_blocks8!`'s operations (`|wv, x| isums`
-/// for activation row `x`), so result t equals the single-token dot of
-/// `xs[t]` bit for bit. The last n % 8 blocks are one more step with r < 8
-/// blocks, the others read as zero blocks (`ZERO_Q4`, `ZERO_Q8`, scale 0):
-/// their lanes add (0·0)·0 = +0, which leaves every lane as it was (a lane
-/// sum that starts at +0 is never −0), so the lanes hold what
-/// `sum_blocks8!`'s one-by-one tail gives them, without leaving registers.
-/// Rows without contiguous scales and sums take the one-by-one path.
-macro_rules! sum_blocks8_x4 {
-    ($xs:expr, $q4:expr, $f16:expr, |$i:ident, $r:ident| $wprep:expr, |$wv:ident, $x:ident| $isums:expr,
+/// Σ_b (d_w·d_x)·isum_b in `portable`'s order for one weight row and N
+/// activation rows (N = 1: a dot product; N = 4: four tokens of a prompt):
+/// block b into lane b % 8 (multiply then add, no FMA), lanes combined as
+/// `portable::combine8`. Eight blocks per step: the weight side
+/// (`|i, r| wv`: loaded, unpacked registers) and the scales (`|j| bits`:
+/// weight block i + j's scale bits, f16 when `$f16`) are made once per step,
+/// then each token's lanes take the same operations (`|wv, x| isums`: the
+/// exact Σ q_w·q_x of activation row x's blocks as eight i32 lanes; `$q4`
+/// adds Q4's −8·Σq), so result t equals the N = 1 result for `xs[t]` bit
+/// for bit. The last n % 8 blocks are one more step with r < 8 blocks, the
+/// others read as zero blocks (`ZERO_Q4`, `ZERO_Q8`, scale 0) or skipped
+/// (`wv` and `isums` give zero vectors for blocks j ≥ r): their lanes add
+/// (0·0)·0 = +0, which leaves every lane as it was (a lane sum that starts
+/// at +0 is never −0), so every lane holds what `portable` adds into it,
+/// without leaving registers. Activation rows without contiguous scales and
+/// sums go block by block with the same scalar operations (`|b, x| (isum,
+/// scale)`: block b's exact integer sum, offset included, and its weight
+/// scale). A macro, so that all of it is inlined into the kernel.
+macro_rules! sum_blocks8_n {
+    ($n:tt, $xs:expr, $q4:expr, $f16:expr, |$i:ident, $r:ident| $wprep:expr, |$wv:ident, $x:ident| $isums:expr,
      |$j:ident| $bits:expr, |$b:ident, $xb:ident| $one:expr $(,)?) => {{
         use $crate::kernels::avx2::imp as a;
-        let xs: [$crate::quant::ActRef; 4] = $xs;
+        let xs: [$crate::quant::ActRef; $n] = $xs;
         let n = xs[0].len();
         if xs.iter().all(|x| x.has_side() && x.len() == n) {
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc = [_mm256_setzero_ps(); $n];
             let mut $i = 0usize;
             while $i + 8 <= n {
                 let $r = 8usize; // a constant: the zero-block choices compile away
@@ -91,11 +57,11 @@ macro_rules! sum_blocks8_x4 {
                     #[inline(always)]
                     |$j: usize| if $j < $r { $bits } else { 0 },
                 );
-                acc = unroll!(4, |t| {
+                acc = unroll!($n, |t| {
                     let $x = xs[t];
                     let s = $isums;
-                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets_part($x, $i, $r)) } else { s };
-                    a::fold8_part(acc[t], s, dw, $x, $i, $r)
+                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets($x, $i, $r)) } else { s };
+                    a::fold8(acc[t], s, dw, $x, $i, $r)
                 });
                 $i += 8;
             }
@@ -107,27 +73,28 @@ macro_rules! sum_blocks8_x4 {
                     #[inline(always)]
                     |$j: usize| if $j < $r { $bits } else { 0 },
                 );
-                acc = unroll!(4, |t| {
+                acc = unroll!($n, |t| {
                     let $x = xs[t];
                     let s = $isums;
-                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets_part($x, $i, $r)) } else { s };
-                    a::fold8_part(acc[t], s, dw, $x, $i, $r)
+                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets($x, $i, $r)) } else { s };
+                    a::fold8(acc[t], s, dw, $x, $i, $r)
                 });
             }
-            return acc.map(|v| a::hsum(v));
+            acc.map(|v| a::hsum(v))
+        } else {
+            xs.map(|$xb| {
+                let mut lanes = [0.0f32; 8];
+                for $b in 0..$xb.len() {
+                    let (isum, scale): (i32, f32) = $one;
+                    lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
+                }
+                $crate::kernels::portable::combine8(lanes)
+            })
         }
-        xs.map(|$xb| {
-            let mut lanes = [0.0f32; 8];
-            for $b in 0..$xb.len() {
-                let (isum, scale): (i32, f32) = $one;
-                lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
-            }
-            $crate::kernels::portable::combine8(lanes)
-        })
     }};
 }
 #[allow(unused_imports)]
-pub(crate) use sum_blocks8_x4;
+pub(crate) use sum_blocks8_n;
 
 pub(super) mod imp {
     use core::arch::x86_64::*;
@@ -168,15 +135,6 @@ pub(super) mod imp {
         debug_assert_eq!(core::mem::size_of::<T>(), 1);
         // SAFETY: `q` points to 32 readable bytes (T is i8 or u8); loadu needs no alignment.
         unsafe { _mm256_loadu_si256(q.as_ptr() as *const __m256i) }
-    }
-
-    /// The eight lanes of `v`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn lanes(v: __m256) -> [f32; 8] {
-        let mut a = [0.0f32; 8];
-        st(&mut a, v);
-        a
     }
 
     /// 16 nibble bytes → 32 bytes 0..15: low nibbles (elements 0..16) then high (16..32).
@@ -270,14 +228,6 @@ pub(super) mod imp {
         }
     }
 
-    /// −8·Σq of activation blocks i..i+8 as i32 lanes: Q4's offset.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn q4_offsets(x: ActRef, i: usize) -> __m256i {
-        let s = ld8(x.sum, i);
-        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
-    }
-
     /// `v[i..i + r]` (f32 or i32, r ≤ 8) as lanes 0..r of a vector, zeros above.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -293,31 +243,22 @@ pub(super) mod imp {
         unsafe { _mm256_maskload_epi32(c.as_ptr() as *const i32, mask) }
     }
 
-    /// `q4_offsets` of blocks i..i+r (r ≤ 8), 0 in lanes r..8.
+    /// −8·Σq of activation blocks i..i+r (r ≤ 8) as i32 lanes 0..r, 0 above: Q4's offset.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn q4_offsets_part(x: ActRef, i: usize, r: usize) -> __m256i {
+    pub(crate) fn q4_offsets(x: ActRef, i: usize, r: usize) -> __m256i {
         let s = ld8_part(x.sum, i, r);
         _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
     }
 
-    /// `fold8` of blocks i..i+r (r ≤ 8; d_x = 0 in lanes r..8).
+    /// `sum_blocks8_n!`'s step: acc + (d_w·d_x)·isums for blocks i..i+r
+    /// (r ≤ 8; d_x = 0 in lanes r..8).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn fold8_part(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize, r: usize) -> __m256 {
+    pub(crate) fn fold8(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize, r: usize) -> __m256 {
         let dx = _mm256_castsi256_ps(ld8_part(x.d, i, r));
         let d = _mm256_mul_ps(dw, dx);
         _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
-    }
-
-    /// Quants of weight block i + j, or a zero block from j = r on.
-    #[inline(always)]
-    pub(crate) fn q8_or_zero<B: Q8Block>(w: &[B], i: usize, j: usize, r: usize) -> &[i8; QK] {
-        if j < r {
-            w[i + j].quants()
-        } else {
-            &ZERO_Q8
-        }
     }
 
     /// Nibbles of weight block i + j, or a zero block from j = r on.
@@ -338,15 +279,6 @@ pub(super) mod imp {
         } else {
             &ZERO_Q8
         }
-    }
-
-    /// `sum_blocks8!`'s step: acc + (d_w·d_x)·isums for blocks i..i+8.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn fold8(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize) -> __m256 {
-        let dx = _mm256_castsi256_ps(ld8(x.d, i));
-        let d = _mm256_mul_ps(dw, dx);
-        _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
     }
 
     /// Eight vectors of per-block i32 partial sums → one vector of the eight block sums (exact).
@@ -385,31 +317,117 @@ pub(super) mod imp {
         (_mm256_set_m128i(b0, a0), _mm256_set_m128i(b1, a1))
     }
 
-    /// Q8 weights · Q8 activations, |w| × sign(x, w) (activation quants in [-127, 127]).
+    /// Q8 weights · Q8 activations for N activation rows (`sum_blocks8_n!`):
+    /// |w| × sign(x, w) (activation quants in [-127, 127]), `$pair_dot(|w|,
+    /// sign(x, w))` giving a block's exact sums in eight i32 lanes. Shared by
+    /// the AVX2 and AVX-512 VNNI kernels.
+    macro_rules! q8_dot_n {
+        ($n:tt, $w:expr, $xs:expr, $block_dot:expr) => {{
+            use core::arch::x86_64::*;
+            use $crate::kernels::avx2::imp::{hsum_i32, ld32, reduce8};
+            use $crate::quant::ActRef;
+            let w = $w;
+            let xs = $xs.map(|x: ActRef| x.range(0, w.len().min(x.len())));
+            let block_dot = $block_dot;
+            $crate::kernels::avx2::sum_blocks8_n!(
+                $n,
+                xs,
+                false,
+                B::F16_SCALE,
+                |i, r| unroll!(8, |j| if j < r { ld32(w[i + j].quants()) } else { _mm256_setzero_si256() }),
+                |wv, x| {
+                    reduce8(unroll!(8, |j| if j < r {
+                        let (a, b) = (wv[j], ld32(&x.blocks()[i + j].qs));
+                        block_dot(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+                    } else {
+                        _mm256_setzero_si256()
+                    }))
+                },
+                |j| w[i + j].scale_bits(),
+                |b, x| (
+                    {
+                        let (a, q) = (ld32(w[b].quants()), ld32(&x.blocks()[b].qs));
+                        hsum_i32(block_dot(_mm256_sign_epi8(a, a), _mm256_sign_epi8(q, a)))
+                    },
+                    w[b].scale()
+                ),
+            )
+        }};
+    }
+    #[allow(unused_imports)] // used by the AVX-512 VNNI build
+    pub(crate) use q8_dot_n;
+
+    /// Q4 weights · Q8 activations for N activation rows (`sum_blocks8_n!`):
+    /// Σ nibble·q − 8·Σq per block (exact), two blocks per vector,
+    /// `$pair_dot(low nibbles, high nibbles, activations 0..16, 16..32)`
+    /// giving the pair's exact sums as [block 2p's four | block 2p+1's].
+    /// Shared by the AVX2 and AVX-512 VNNI kernels.
+    macro_rules! q4_dot_n {
+        ($n:tt, $w:expr, $xs:expr, $pair_dot:expr) => {{
+            use core::arch::x86_64::*;
+            use $crate::kernels::avx2::imp::{
+                act_or_zero, act_pair, hsum_i32, ld32, nibble_pair, q4_or_zero, reduce_pairs, unpack_nibbles,
+            };
+            use $crate::quant::ActRef;
+            let w = $w;
+            let xs = $xs.map(|x: ActRef| x.range(0, w.len().min(x.len())));
+            let pair_dot = $pair_dot;
+            let zero = _mm256_setzero_si256();
+            $crate::kernels::avx2::sum_blocks8_n!(
+                $n,
+                xs,
+                true,
+                B::F16_SCALE,
+                |i, r| unroll!(4, |p| if 2 * p < r {
+                    nibble_pair(w[i + 2 * p].nibbles(), q4_or_zero(w, i, 2 * p + 1, r))
+                } else {
+                    (zero, zero)
+                }),
+                |wv, x| {
+                    reduce_pairs(unroll!(4, |p| if 2 * p < r {
+                        let (lo, hi) = wv[p];
+                        let (x0, x1) = act_pair(&x.blocks()[i + 2 * p].qs, act_or_zero(x, i, 2 * p + 1, r));
+                        pair_dot(lo, hi, x0, x1)
+                    } else {
+                        zero
+                    }))
+                },
+                |j| w[i + j].scale_bits(),
+                |b, x| (
+                    {
+                        let (n, q) = (unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs));
+                        hsum_i32(pair_dot(n, zero, q, zero)) - 8 * x.blocks()[b].sum
+                    },
+                    w[b].scale()
+                ),
+            )
+        }};
+    }
+    #[allow(unused_imports)] // used by the AVX-512 VNNI build
+    pub(crate) use q4_dot_n;
+
+    /// A block's 32 u8 × i8 products (u = |w|, s = sign(x, w)) in eight exact i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn block_dot(u: __m256i, s: __m256i) -> __m256i {
+        maddubs(u, s)
+    }
+
+    /// Σ lo·x0 + hi·x1 (nibbles u8 × activations i8) in eight exact i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn pair_dot(lo: __m256i, hi: __m256i, x0: __m256i, x1: __m256i) -> __m256i {
+        // pair sums ≤ 2·15·127 each, two of them: the i16 add is exact
+        let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+        _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    }
+
+    /// Q8 weights · Q8 activations: exact per-block sums, eight blocks per step.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        sum_blocks8!(
-            x,
-            false,
-            B::F16_SCALE,
-            |i| {
-                reduce8(unroll!(8, |j| {
-                    let (a, b) = (ld32(w[i + j].quants()), ld32(&x.blocks()[i + j].qs));
-                    maddubs(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
-                }))
-            },
-            |j| w[i + j].scale_bits(),
-            |b| (
-                hsum_i32(maddubs(
-                    _mm256_sign_epi8(ld32(w[b].quants()), ld32(w[b].quants())),
-                    _mm256_sign_epi8(ld32(&x.blocks()[b].qs), ld32(w[b].quants()))
-                )),
-                w[b].scale()
-            ),
-        )
+        q8_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact), two blocks per vector.
@@ -417,27 +435,7 @@ pub(super) mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        sum_blocks8!(
-            x,
-            true,
-            B::F16_SCALE,
-            |i| {
-                reduce_pairs(unroll!(4, |p| {
-                    let (j0, j1) = (2 * p, 2 * p + 1);
-                    let (lo, hi) = nibble_pair(w[i + j0].nibbles(), w[i + j1].nibbles());
-                    let (x0, x1) = act_pair(&x.blocks()[i + j0].qs, &x.blocks()[i + j1].qs);
-                    // pair sums ≤ 2·15·127 each, two of them: the i16 add is exact
-                    let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-                    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
-                }))
-            },
-            |j| w[i + j].scale_bits(),
-            |b| (
-                hsum_i32(maddubs(unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs))) - 8 * x.blocks()[b].sum,
-                w[b].scale()
-            ),
-        )
+        q4_dot_n!(1, w, [x], |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))[0]
     }
 
     /// `dot_q8` of one weight row with four activation rows, the weights
@@ -445,27 +443,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
-        sum_blocks8_x4!(
-            xs,
-            false,
-            B::F16_SCALE,
-            |i, r| unroll!(8, |j| ld32(q8_or_zero(w, i, j, r))),
-            |wv, x| {
-                reduce8(unroll!(8, |j| {
-                    let (a, b) = (wv[j], ld32(act_or_zero(x, i, j, r)));
-                    maddubs(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
-                }))
-            },
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                hsum_i32(maddubs(
-                    _mm256_sign_epi8(ld32(w[b].quants()), ld32(w[b].quants())),
-                    _mm256_sign_epi8(ld32(&x.blocks()[b].qs), ld32(w[b].quants()))
-                )),
-                w[b].scale()
-            ),
-        )
+        q8_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
     /// `dot_q4` of one weight row with four activation rows, the nibbles
@@ -473,27 +451,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = xs.map(|x| x.range(0, w.len().min(x.len())));
-        sum_blocks8_x4!(
-            xs,
-            true,
-            B::F16_SCALE,
-            |i, r| unroll!(4, |p| nibble_pair(q4_or_zero(w, i, 2 * p, r), q4_or_zero(w, i, 2 * p + 1, r))),
-            |wv, x| {
-                reduce_pairs(unroll!(4, |p| {
-                    let (lo, hi) = wv[p];
-                    let (x0, x1) = act_pair(act_or_zero(x, i, 2 * p, r), act_or_zero(x, i, 2 * p + 1, r));
-                    // pair sums ≤ 2·15·127 each, two of them: the i16 add is exact
-                    let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-                    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
-                }))
-            },
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                hsum_i32(maddubs(unpack_nibbles(w[b].nibbles()), ld32(&x.blocks()[b].qs))) - 8 * x.blocks()[b].sum,
-                w[b].scale()
-            ),
-        )
+        q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
     }
 
     /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.

@@ -124,6 +124,12 @@ macro_rules! entry_points {
 /// `core::array::from_fn` is not, and loses its target features).
 #[allow(unused_macros)]
 macro_rules! unroll {
+    (1, |$j:ident| $body:expr) => {
+        [{
+            let $j = 0usize;
+            $body
+        }]
+    };
     (4, |$j:ident| $body:expr) => {
         [
             {
