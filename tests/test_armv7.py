@@ -1,9 +1,10 @@
 """The 32-bit ARM build (armv7hf: armv7-a, NEON, VFPv4) under qemu-arm.
 
-The one armv7hf variant, `neon`, is built here with plain cargo for
-armv7-unknown-linux-gnueabihf (static glibc, `+neon,+vfp4,+d32` in RUSTFLAGS,
-target dir target/armv7): the krafla library's unit tests and the ml_variant
-executable (copied to target/armv7/ml_neon). Then, under qemu-arm:
+The executable is the one armv7hf variant, `neon`, as `cargo xtask dist
+linux-armv7hf` builds it (dist/linux-armv7hf/ml_neon; `cargo xtask test`
+makes it before pytest). The krafla library's unit tests are built here with
+the same flags (static glibc, `+neon,+vfp4,+d32`) and target dir
+(target/neon), so the dependencies are shared. Then, under qemu-arm:
 
 * the kernel unit tests (every kernel bit for bit against `portable`, the
   asm exp against the x86 operation sequence, the block sums against a
@@ -38,7 +39,8 @@ TARGET = "armv7-unknown-linux-gnueabihf"
 LINKER = "arm-linux-gnueabihf-gcc"
 QEMU = shutil.which("qemu-arm")
 NATIVE = REPO / "target" / "release" / "ml_variant"
-ARMV7_TARGET_DIR = REPO / "target" / "armv7"
+TARGET_DIR = REPO / "target" / "neon"
+DIST_EXE = REPO / "dist" / "linux-armv7hf" / "ml_neon"
 RUSTFLAGS = "-C target-feature=+crt-static,+neon,+vfp4,+d32"
 
 # CPUs with NEON and VFPv4: the build runs there.
@@ -80,7 +82,9 @@ def toolchain():
 
 @pytest.fixture(scope="module")
 def build(toolchain):
-    """(the krafla unit-test executable, target/armv7/ml_neon)."""
+    """(the krafla unit-test executable, dist/linux-armv7hf/ml_neon)."""
+    if not DIST_EXE.is_file():
+        _unavailable(f"no {DIST_EXE}: run `cargo xtask dist linux-armv7hf`")
     env = dict(os.environ)
     env.pop("CARGO_ENCODED_RUSTFLAGS", None)
     env.update({
@@ -88,23 +92,16 @@ def build(toolchain):
         "RUSTFLAGS": RUSTFLAGS,
         "KRAFLA_EXPECT_ISA": "neon",
     })
-    cmd = ["cargo", "build", "--release", "--target", TARGET, "--target-dir", str(ARMV7_TARGET_DIR),
-           "-p", "krafla", "-p", "krafla-variant", "--lib", "--bins", "--tests", "--message-format=json"]
+    cmd = ["cargo", "test", "--no-run", "--release", "--target", TARGET, "--target-dir", str(TARGET_DIR),
+           "-p", "krafla", "--lib", "--message-format=json"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
-    tests, bins = [], []
-    for m in map(json.loads, filter(None, p.stdout.splitlines())):
-        if m.get("reason") == "compiler-artifact" and m.get("executable"):
-            if m["target"]["name"] == "krafla" and m["profile"]["test"]:
-                tests.append(m["executable"])
-            elif m["target"]["name"] == "ml_variant" and not m["profile"]["test"]:
-                bins.append(m["executable"])
-    assert len(tests) == 1 and len(bins) == 1, f"unit-test executables {tests}, ml_variant {bins}"
-    exe = ARMV7_TARGET_DIR / "ml_neon"
-    shutil.copyfile(bins[0], exe)
-    exe.chmod(0o755)
-    return pathlib.Path(tests[0]), exe
+    tests = [m["executable"] for m in map(json.loads, filter(None, p.stdout.splitlines()))
+             if m.get("reason") == "compiler-artifact" and m.get("executable")
+             and m["target"]["name"] == "krafla" and m["profile"]["test"]]
+    assert len(tests) == 1, f"unit-test executables {tests}"
+    return pathlib.Path(tests[0]), DIST_EXE
 
 
 def under_qemu(cpu, exe, *args, timeout=600):
