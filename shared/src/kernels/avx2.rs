@@ -46,7 +46,13 @@ macro_rules! sum_blocks8_n {
         use $crate::kernels::avx2::imp as a;
         let xs: [$crate::quant::ActRef; $n] = $xs;
         let n = xs[0].len();
-        if xs.iter().all(|x| x.has_side() && x.len() == n) {
+        // (plain loops and `unroll!`, not iterator adapters or `array::map`: a
+        // closure handed to std code is not inlined into a target-feature function)
+        let mut side = true;
+        for x in &xs {
+            side &= x.has_side() && x.len() == n;
+        }
+        if side {
             let mut acc = [_mm256_setzero_ps(); $n];
             let mut $i = 0usize;
             while $i + 8 <= n {
@@ -80,7 +86,7 @@ macro_rules! sum_blocks8_n {
                     a::fold8(acc[t], s, dw, $x, $i, $r)
                 });
             }
-            acc.map(|v| a::hsum(v))
+            unroll!($n, |t| a::hsum(acc[t]))
         } else {
             xs.map(|$xb| {
                 let mut lanes = [0.0f32; 8];
@@ -327,7 +333,8 @@ pub(super) mod imp {
             use $crate::kernels::avx2::imp::{hsum_i32, ld32, reduce8};
             use $crate::quant::ActRef;
             let w = $w;
-            let xs = $xs.map(|x: ActRef| x.range(0, w.len().min(x.len())));
+            let xs: [ActRef; $n] = $xs;
+            let xs = unroll!($n, |t| xs[t].range(0, w.len().min(xs[t].len())));
             let block_dot = $block_dot;
             $crate::kernels::avx2::sum_blocks8_n!(
                 $n,
@@ -370,7 +377,8 @@ pub(super) mod imp {
             };
             use $crate::quant::ActRef;
             let w = $w;
-            let xs = $xs.map(|x: ActRef| x.range(0, w.len().min(x.len())));
+            let xs: [ActRef; $n] = $xs;
+            let xs = unroll!($n, |t| xs[t].range(0, w.len().min(xs[t].len())));
             let pair_dot = $pair_dot;
             let zero = _mm256_setzero_si256();
             $crate::kernels::avx2::sum_blocks8_n!(

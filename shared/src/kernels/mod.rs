@@ -130,6 +130,18 @@ macro_rules! unroll {
             $body
         }]
     };
+    (2, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+        ]
+    };
     (4, |$j:ident| $body:expr) => {
         [
             {
@@ -264,11 +276,11 @@ select! {
 /// kernel set's own four-token kernels where it has them (the weights
 /// loaded and unpacked once for the four), else four single-token dots.
 /// Either way result t is bit-identical to the single-token dot of token t.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+#[cfg(target_arch = "x86_64")]
 mod tokens4 {
     pub use super::arch::{dot_q4_x4, dot_q8_x4};
 }
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+#[cfg(not(target_arch = "x86_64"))]
 mod tokens4 {
     use super::arch;
     use crate::quant::{ActRef, Q4Block, Q8Block};

@@ -13,7 +13,21 @@
 //! computed by the same operation sequence in every x86 build (no FMA), so the
 //! elementwise ops agree across x86 builds too.
 
-entry_points!(dot_f32, dot_f16_f32, dot_q8, dot_q4, rmsnorm, softmax, axpy, silu_mul, gelu_tanh_mul, f16_to_f32, vexp);
+entry_points!(
+    dot_f32,
+    dot_f16_f32,
+    dot_q8,
+    dot_q4,
+    dot_q8_x4,
+    dot_q4_x4,
+    rmsnorm,
+    softmax,
+    axpy,
+    silu_mul,
+    gelu_tanh_mul,
+    f16_to_f32,
+    vexp
+);
 
 /// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8 of
 /// two 4-lane accumulators (multiply then add), combined as
@@ -61,6 +75,71 @@ macro_rules! sum_blocks8 {
 }
 #[allow(unused_imports)]
 pub(crate) use sum_blocks8;
+
+/// `sum_blocks8!` for one weight row and four activation rows (four tokens
+/// of a prompt). Each step of eight blocks is two halves of four: per half
+/// the weight side (`|i, h| wv`: blocks i + 4h..i + 4h + 4, loaded and
+/// unpacked once) is used by the four tokens (`|wv, x| isums4`: the four
+/// blocks' exact sums as i32 lanes), and the scales are made once per step;
+/// each token's lanes then take exactly `sum_blocks8!`'s operations, so
+/// result t equals the single-token dot of `xs[t]` bit for bit. Four blocks
+/// at a time keep the weights in registers (SSE has sixteen). The last
+/// n % 8 blocks, and rows without contiguous scales and sums, go one by one
+/// as in `sum_blocks8!`.
+macro_rules! sum_blocks8_x4 {
+    ($xs:expr, $q4:expr, $f16:expr, |$i:ident, $h:ident| $wprep:expr, |$wv:ident, $x:ident| $isums4:expr,
+     |$j:ident| $bits:expr, |$b:ident, $xb:ident| $one:expr $(,)?) => {{
+        use $crate::kernels::sse2::imp as a;
+        let xs: [$crate::quant::ActRef; 4] = $xs;
+        let n = xs[0].len();
+        let mut acc = [[_mm_setzero_ps(); 2]; 4];
+        let mut $i = 0usize;
+        // (plain loops and `unroll!`, not iterator adapters or `array::map`: a
+        // closure handed to std code is not inlined into a target-feature function)
+        let mut side = true;
+        for x in &xs {
+            side &= x.has_side() && x.len() == n;
+        }
+        while side && $i + 8 <= n {
+            let halves = unroll!(2, |hh| {
+                let $h = hh;
+                let $wv = $wprep;
+                unroll!(4, |t| {
+                    let $x = xs[t];
+                    let s: __m128i = $isums4;
+                    s
+                })
+            });
+            let dw = a::scales8(
+                $f16,
+                #[inline(always)]
+                |$j: usize| $bits,
+            );
+            acc = unroll!(4, |t| {
+                let s = [halves[0][t], halves[1][t]];
+                let s = if $q4 {
+                    let o = a::q4_offsets(xs[t], $i);
+                    [_mm_add_epi32(s[0], o[0]), _mm_add_epi32(s[1], o[1])]
+                } else {
+                    s
+                };
+                a::fold8(acc[t], s, dw, xs[t], $i)
+            });
+            $i += 8;
+        }
+        unroll!(4, |t| {
+            let $xb = xs[t];
+            let mut lanes = a::lanes(acc[t]);
+            for $b in $i..$xb.len() {
+                let (isum, scale): (i32, f32) = $one;
+                lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
+            }
+            $crate::kernels::portable::combine8(lanes)
+        })
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use sum_blocks8_x4;
 
 pub(super) mod imp {
     use core::arch::x86_64::*;
@@ -346,6 +425,67 @@ pub(super) mod imp {
                 w[b].scale()
             ),
         )
+    }
+
+    /// `dot_q8` of one weight row with four activation rows, each weight
+    /// block loaded and sign-extended once (each result bit-identical to `dot_q8`'s).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
+        sum_blocks8_x4!(
+            xs,
+            false,
+            B::F16_SCALE,
+            |i, h| unroll!(4, |j| halves(w[i + 4 * h + j].quants())),
+            |wv, x| reduce4(unroll!(4, |j| {
+                let (x0, x1) = halves(&x.blocks()[i + 4 * h + j].qs);
+                _mm_add_epi32(madd_i8(wv[j].0, x0), madd_i8(wv[j].1, x1))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b, x| (
+                {
+                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
+                    hsum_i32(_mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1)))
+                },
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// `dot_q4` of one weight row with four activation rows, each block's
+    /// nibbles unpacked once (each result bit-identical to `dot_q4`'s).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
+        sum_blocks8_x4!(
+            xs,
+            true,
+            B::F16_SCALE,
+            |i, h| unroll!(4, |j| nibbles(w[i + 4 * h + j].nibbles())),
+            |wv, x| reduce4(unroll!(4, |j| {
+                let (x0, x1) = halves(&x.blocks()[i + 4 * h + j].qs);
+                _mm_add_epi32(madd_u8i8(wv[j].0, x0), madd_u8i8(wv[j].1, x1))
+            })),
+            |j| w[i + j].scale_bits(),
+            |b, x| (
+                {
+                    let (lo, hi) = nibbles(w[b].nibbles());
+                    let (x0, x1) = halves(&x.blocks()[b].qs);
+                    hsum_i32(_mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))) - 8 * x.blocks()[b].sum
+                },
+                w[b].scale()
+            ),
+        )
+    }
+
+    /// A Q4 block's nibbles as bytes 0..15: (low nibbles: elements 0..16, high: 16..32).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn nibbles(n: &[u8; QK / 2]) -> (__m128i, __m128i) {
+        let (n, m) = (ld16(n), _mm_set1_epi8(0x0f));
+        (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m))
     }
 
     /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.
