@@ -629,6 +629,14 @@ mod tests {
             let xp = [0, 1, 2, 3].map(|t| ActRef::from(&plain[t]));
             assert_eq!(bits(tokens4::dot_q4_x4(&w4, xp)), single(&|x| arch::dot_q4(&w4, x)), "q4 plain nb={nb}");
             assert_eq!(bits(tokens4::dot_q8_x4(&w8, xp)), single(&|x| arch::dot_q8(&w8, x)), "q8 plain nb={nb}");
+            // odd starts (no paired activations) and even starts with an odd count, against portable
+            for start in [1.min(nb), 2.min(nb)] {
+                let xo = [0, 1, 2, 3].map(|t| acts[t].as_ref().range(start, nb));
+                let wo = &w4[start..];
+                let port = xo.map(|x| portable::dot_q4(wo, x).to_bits());
+                assert_eq!(bits(tokens4::dot_q4_x4(wo, xo)), port, "q4 x4 from block {start} nb={nb}");
+                assert_eq!(xo.map(|x| arch::dot_q4(wo, x).to_bits()), port, "q4 from block {start} nb={nb}");
+            }
         }
     }
 
