@@ -281,26 +281,31 @@ pub(super) mod imp {
         dot_with(w, x, |c| ld_f16x4(c))
     }
 
-    /// Σ of 16 i8 × i8 products in four i32 lanes (exact).
+    /// The even bytes of `v` sign-extended to i16 lanes (shifts, no shuffles).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn even_i8(v: __m128i) -> __m128i {
+        _mm_srai_epi16::<8>(_mm_slli_epi16::<8>(v))
+    }
+
+    /// Σ of 16 i8 × i8 products in four i32 lanes (exact): the even bytes
+    /// and the odd bytes (`srai` by 8 sign-extends them in place) multiplied
+    /// and pair-summed separately with `pmaddwd`.
     #[inline]
     #[target_feature(enable = "sse2")]
     fn madd_i8(a: __m128i, b: __m128i) -> __m128i {
-        let ext_lo = |v| _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
-        let ext_hi = |v| _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
-        _mm_add_epi32(_mm_madd_epi16(ext_lo(a), ext_lo(b)), _mm_madd_epi16(ext_hi(a), ext_hi(b)))
+        let odd = |v| _mm_srai_epi16::<8>(v);
+        _mm_add_epi32(_mm_madd_epi16(even_i8(a), even_i8(b)), _mm_madd_epi16(odd(a), odd(b)))
     }
 
-    /// Σ of 16 u8 (< 128) × i8 products in four i32 lanes (exact).
+    /// Σ of 16 u8 (< 128) × i8 products in four i32 lanes (exact), as `madd_i8`
+    /// with the unsigned bytes zero-extended.
     #[inline]
     #[target_feature(enable = "sse2")]
     fn madd_u8i8(a: __m128i, b: __m128i) -> __m128i {
-        let z = _mm_setzero_si128();
-        let ext_lo = |v| _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
-        let ext_hi = |v| _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
-        _mm_add_epi32(
-            _mm_madd_epi16(_mm_unpacklo_epi8(a, z), ext_lo(b)),
-            _mm_madd_epi16(_mm_unpackhi_epi8(a, z), ext_hi(b)),
-        )
+        let even_a = _mm_and_si128(a, _mm_set1_epi16(0x00ff));
+        let odd_a = _mm_srli_epi16::<8>(a);
+        _mm_add_epi32(_mm_madd_epi16(even_a, even_i8(b)), _mm_madd_epi16(odd_a, _mm_srai_epi16::<8>(b)))
     }
 
     /// `v[i..i + 8]` (f32 or i32) as two vectors.
