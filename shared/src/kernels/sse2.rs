@@ -65,6 +65,17 @@ macro_rules! sum_blocks8 {
             acc = a::fold8(acc, s, dw, x, $i);
             $i += 8;
         }
+        if side {
+            // the last n % 8 blocks into lanes 0..n % 8, in registers (+0 into the others)
+            let tail = unroll!(8, |j| if $i + j < n {
+                let $b = $i + j;
+                let (isum, scale): (i32, f32) = $one;
+                (scale * x.blocks()[$b].d) * isum as f32
+            } else {
+                0.0
+            });
+            return a::hsum(a::add_tail(acc, tail));
+        }
         let mut lanes = a::lanes(acc);
         for $b in $i..n {
             let (isum, scale): (i32, f32) = $one;
@@ -129,12 +140,24 @@ macro_rules! sum_blocks8_x4 {
         }
         unroll!(4, |t| {
             let $xb = xs[t];
-            let mut lanes = a::lanes(acc[t]);
-            for $b in $i..$xb.len() {
-                let (isum, scale): (i32, f32) = $one;
-                lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
+            if side {
+                // the last n % 8 blocks into lanes 0..n % 8, in registers (+0 into the others)
+                let tail = unroll!(8, |j| if $i + j < n {
+                    let $b = $i + j;
+                    let (isum, scale): (i32, f32) = $one;
+                    (scale * $xb.blocks()[$b].d) * isum as f32
+                } else {
+                    0.0
+                });
+                a::hsum(a::add_tail(acc[t], tail))
+            } else {
+                let mut lanes = a::lanes(acc[t]);
+                for $b in $i..$xb.len() {
+                    let (isum, scale): (i32, f32) = $one;
+                    lanes[$b % 8] += (scale * $xb.blocks()[$b].d) * isum as f32;
+                }
+                $crate::kernels::portable::combine8(lanes)
             }
-            $crate::kernels::portable::combine8(lanes)
         })
     }};
 }
@@ -197,6 +220,18 @@ pub(super) mod imp {
         st(&mut a[..4], v[0]);
         st(&mut a[4..], v[1]);
         a
+    }
+
+    /// The two lane accumulators plus the last blocks' terms (lanes 0..4 and
+    /// 4..8), summed as `portable::combine8` sums its lanes: lane j + 4 is
+    /// added to lane j first. A lane without a term gets +0, which changes
+    /// nothing (a lane sum that starts at +0 is never −0).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn add_tail(acc: [__m128; 2], t: [f32; 8]) -> __m128 {
+        let lo = _mm_add_ps(acc[0], _mm_setr_ps(t[0], t[1], t[2], t[3]));
+        let hi = _mm_add_ps(acc[1], _mm_setr_ps(t[4], t[5], t[6], t[7]));
+        _mm_add_ps(lo, hi)
     }
 
     /// Sum of four i32 lanes (exact).
