@@ -362,6 +362,18 @@ pub(super) mod imp {
         if f16 {
             let h = |j| bits(j) as u16 as i16;
             let v = _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7));
+            let exp_mask = _mm_set1_epi16(0x7c00);
+            if _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, exp_mask), exp_mask)) == 0 {
+                // no infinity or NaN among the eight (weight scales never are): `cvt_f16x4` without its patch-up
+                let finite = |h: __m128i| {
+                    let rest = _mm_slli_epi32::<13>(_mm_and_si128(h, _mm_set1_epi32(0x7fff)));
+                    let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
+                    let m = _mm_mul_ps(_mm_castsi128_ps(rest), _mm_set1_ps(f32::from_bits(0x7780_0000)));
+                    _mm_or_ps(m, _mm_castsi128_ps(sign))
+                };
+                let z = _mm_setzero_si128();
+                return (finite(_mm_unpacklo_epi16(v, z)), finite(_mm_unpackhi_epi16(v, z)));
+            }
             (cvt_f16x4(v), cvt_f16x4(_mm_unpackhi_epi64(v, v)))
         } else {
             let f = |j| bits(j) as i32;
