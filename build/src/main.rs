@@ -158,15 +158,30 @@ fn quickstart(prompt: Option<String>) -> Result<(), String> {
     if !mlt.exists() {
         run(Command::new(python()).arg("tools/convert_tokenizer.py").arg(&gguf).arg("-o").arg(&mlt))?;
     }
+    let launcher = fastest_build()?;
     let prompt = prompt.unwrap_or_else(|| "What is the capital of France?".to_string());
-    run(Command::new(repo_root().join("target/release/ml_run"))
-        .arg(&mlb)
-        .arg("-z")
-        .arg(&mlt)
-        .args(["--chat", "chatml", "-n", "64", "-p", &prompt]))?;
-    eprintln!("\nxtask: model and tokenizer are in {}; try:\n  target/release/ml_run {} -z {} --chat chatml -p \"Tell me a joke\"",
-        models.display(), mlb.display(), mlt.display());
+    run(Command::new(&launcher).arg(&mlb).arg("-z").arg(&mlt).args(["--chat", "chatml", "-n", "64", "-p", &prompt]))?;
+    let shown = launcher.strip_prefix(repo_root()).unwrap_or(&launcher).display().to_string();
+    eprintln!(
+        "\nxtask: model and tokenizer are in {}; try:\n  {shown} {} -z {} --chat chatml -p \"Tell me a joke\"",
+        models.display(),
+        mlb.display(),
+        mlt.display()
+    );
     Ok(())
+}
+
+/// The launcher to chat with: on x86-64 Linux the per-ISA build this CPU
+/// runs fastest, built into dist/linux-x86_64/ beside `ml_run` (one more
+/// compile, so the quick start shows this CPU's real speed); elsewhere the
+/// host build target/release/ml_run.
+fn fastest_build() -> Result<PathBuf, String> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if let Some(best) = X86_64_VARIANTS.iter().find(|v| missing_feature(v).is_none()) {
+        dist("linux-x86_64", Some(best.name))?;
+        return Ok(repo_root().join("dist/linux-x86_64/ml_run"));
+    }
+    Ok(repo_root().join("target/release/ml_run"))
 }
 
 fn test() -> Result<(), String> {
