@@ -5,8 +5,11 @@ KRAFLA_BIN to test another `ml_*` executable. Downloaded and converted models
 are cached under `.cache/` in the checkout.
 """
 import glob
+import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -32,6 +35,108 @@ def run_ml(*args, check=True, timeout=600, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}\nstderr:\n{p.stderr}")
     return p
+
+
+def unavailable(reason):
+    """Skips a test whose tool or build is missing; in CI (env CI set) fails instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+# ---------------------------------------------------------------- builds under qemu-user
+
+
+def under_qemu(qemu, cpu, exe, *args, timeout=600):
+    return subprocess.run([qemu, "-cpu", cpu, str(exe), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def krafla_lines(stderr):
+    """stderr without qemu's own warnings ("qemu-<arch>: ...", e.g. features TCG cannot emulate)."""
+    return [l for l in stderr.splitlines() if l.strip() and not re.match(r"qemu-[\w-]+:", l)]
+
+
+def assert_guard(p, build, missing):
+    """`ml_<build> --version` on an emulated CPU: main ran (`missing` None), or
+    the start-up guard refused before main with exit 3 and one line naming
+    the feature `missing`."""
+    if missing is None:
+        assert p.returncode == 0, f"ml_{build}: exit {p.returncode}\n{p.stderr}"
+        assert "ml_run" in p.stdout  # clap's --version: main was reached
+    else:
+        want = (f"krafla: this build ({build}) needs the CPU feature '{missing}', which this CPU lacks; "
+                f"run ml_run to pick a build that fits")
+        assert p.returncode == 3, f"ml_{build}: exit {p.returncode}\nstdout:{p.stdout}\nstderr:{p.stderr}"
+        assert krafla_lines(p.stderr) == [want]
+        assert p.stdout == "", "main must not have run"
+
+
+def cross_toolchain(triple, linker, linker_package, qemu):
+    """Skips (fails in CI) unless the Rust target, the cross linker and qemu-user are installed."""
+    p = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True)
+    missing = []
+    if not (p.returncode == 0 and (pathlib.Path(p.stdout.strip()) / "lib" / "rustlib" / triple / "lib").is_dir()):
+        missing.append(f"the Rust target (rustup target add {triple})")
+    if not shutil.which(linker):
+        missing.append(f"{linker} (apt-get install {linker_package})")
+    if not shutil.which(qemu):
+        missing.append(f"{qemu} (apt-get install qemu-user)")
+    if missing:
+        unavailable("missing " + ", ".join(missing))
+
+
+def build_unit_tests(triple, linker, features, isa):
+    """The krafla library's unit-test executable for `triple`, built as `cargo
+    xtask dist` builds variant `isa` (static, `features`, target dir
+    target/<isa>, so the dependencies are shared with the dist build)."""
+    env = dict(os.environ)
+    env.pop("CARGO_ENCODED_RUSTFLAGS", None)
+    env.update({
+        f"CARGO_TARGET_{triple.upper().replace('-', '_')}_LINKER": linker,
+        "RUSTFLAGS": "-C target-feature=+crt-static" + ("," + features if features else ""),
+        "KRAFLA_EXPECT_ISA": isa,
+    })
+    cmd = ["cargo", "test", "--no-run", "--release", "--target", triple, "--target-dir", str(REPO / "target" / isa),
+           "-p", "krafla", "--lib", "--message-format=json"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise AssertionError(f"{isa}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
+    tests = [m["executable"] for m in map(json.loads, filter(None, p.stdout.splitlines()))
+             if m.get("reason") == "compiler-artifact" and m.get("executable")
+             and m["target"]["name"] == "krafla" and m["profile"]["test"]]
+    assert len(tests) == 1, f"{isa}: unit-test executables {tests}"
+    return pathlib.Path(tests[0])
+
+
+def logits_bytes(cmd, mlb, out, ids, n):
+    """(the raw f32 logits `--logits-out` writes, stdout with `--print-ids`) of `cmd MLB`."""
+    p = subprocess.run([*map(str, cmd), str(mlb), "--prompt-ids", ids, "--logits-out", str(out), "-n", str(n),
+                        "-t", "2", "--print-ids"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd}: exit {p.returncode}\n{p.stderr}"
+    data = out.read_bytes()
+    assert len(data) > 0 and len(data) % 4 == 0
+    return data, p.stdout
+
+
+@pytest.fixture(scope="session")
+def native():
+    """The host build `cargo build --release` makes (x86-64: the sse2 kernels), to compare cross builds against."""
+    exe = REPO / "target" / "release" / "ml_variant"
+    if not exe.is_file():
+        unavailable(f"no native build {exe}: run `cargo build --release`")
+    return exe
+
+
+@pytest.fixture(scope="session")
+def tiny_llama2(tmp_path_factory):
+    """qtype -> the tiny random llama2 fixture converted to q4_0, q8_0 and f16 (.mlb)."""
+    out = tmp_path_factory.mktemp("tiny-llama2")
+    models = {}
+    for qtype in ["q4_0", "q8_0", "f16"]:
+        models[qtype] = out / f"llama2-{qtype}.mlb"
+        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", models[qtype], "--type", qtype)
+    return models
 
 
 def run_tool(script, *args, check=True, timeout=1800):

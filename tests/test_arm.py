@@ -26,20 +26,18 @@ cross linker (`apt-get install gcc-aarch64-linux-gnu`) and qemu-user
 (`apt-get install qemu-user`). Without them the tests skip, except in CI
 (env CI set), where they fail.
 """
-import json
 import os
-import pathlib
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import FIXTURES, REPO, run_tool
+from conftest import (REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, under_qemu,
+                      unavailable)
 
 TARGET = "aarch64-unknown-linux-gnu"
 LINKER = "aarch64-linux-gnu-gcc"
 QEMU = shutil.which("qemu-aarch64")
-NATIVE = REPO / "target" / "release" / "ml_variant"
 DIST = REPO / "dist" / "linux-aarch64"
 
 # name -> (rustc target features, a qemu CPU model that has them)
@@ -62,71 +60,21 @@ EXPECT = {
 }
 
 
-def _unavailable(reason):
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
-    pytest.skip(reason)
-
-
-def _target_installed():
-    p = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True)
-    return p.returncode == 0 and (pathlib.Path(p.stdout.strip()) / "lib" / "rustlib" / TARGET / "lib").is_dir()
-
-
 @pytest.fixture(scope="module")
 def toolchain():
-    missing = []
-    if not _target_installed():
-        missing.append(f"the Rust target (rustup target add {TARGET})")
-    if not shutil.which(LINKER):
-        missing.append(f"{LINKER} (apt-get install gcc-aarch64-linux-gnu)")
-    if not QEMU:
-        missing.append("qemu-aarch64 (apt-get install qemu-user)")
-    if missing:
-        _unavailable("missing " + ", ".join(missing))
-
-
-def _build(name):
-    """Builds variant `name`'s krafla unit tests in target/<name>, as `cargo
-    xtask dist` builds the variant, and returns (the unit-test executable,
-    dist/linux-aarch64/ml_<name>)."""
-    exe = DIST / f"ml_{name}"
-    if not exe.is_file():
-        _unavailable(f"no {exe}: run `cargo xtask dist linux-aarch64`")
-    features = VARIANTS[name][0]
-    env = dict(os.environ)
-    env.pop("CARGO_ENCODED_RUSTFLAGS", None)
-    env.update({
-        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER": LINKER,
-        "RUSTFLAGS": "-C target-feature=+crt-static" + ("," + features if features else ""),
-        "KRAFLA_EXPECT_ISA": name,
-    })
-    cmd = ["cargo", "test", "--no-run", "--release", "--target", TARGET, "--target-dir", str(REPO / "target" / name),
-           "-p", "krafla", "--lib", "--message-format=json"]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    if p.returncode != 0:
-        raise AssertionError(f"{name}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
-    tests = [m["executable"] for m in map(json.loads, filter(None, p.stdout.splitlines()))
-             if m.get("reason") == "compiler-artifact" and m.get("executable")
-             and m["target"]["name"] == "krafla" and m["profile"]["test"]]
-    assert len(tests) == 1, f"{name}: unit-test executables {tests}"
-    return pathlib.Path(tests[0]), exe
+    cross_toolchain(TARGET, LINKER, "gcc-aarch64-linux-gnu", "qemu-aarch64")
 
 
 @pytest.fixture(scope="module")
 def builds(toolchain):
-    """variant -> (the krafla unit-test executable, its ml_variant)."""
-    return {name: _build(name) for name in VARIANTS}
-
-
-def under_qemu(cpu, exe, *args, timeout=600):
-    return subprocess.run([QEMU, "-cpu", cpu, str(exe), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def krafla_lines(stderr):
-    """stderr without qemu's own warnings."""
-    return [l for l in stderr.splitlines() if l.strip() and not l.startswith("qemu-aarch64:")]
+    """variant -> (the krafla unit-test executable, dist/linux-aarch64/ml_<variant>)."""
+    out = {}
+    for name, (features, _) in VARIANTS.items():
+        exe = DIST / f"ml_{name}"
+        if not exe.is_file():
+            unavailable(f"no {exe}: run `cargo xtask dist linux-aarch64`")
+        out[name] = (build_unit_tests(TARGET, LINKER, features, name), exe)
+    return out
 
 
 @pytest.mark.parametrize("name,cpu,sve_bits", [
@@ -141,7 +89,7 @@ def krafla_lines(stderr):
 ])
 def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
     tests, _ = builds[name]
-    p = under_qemu(cpu, tests, "kernels", "--nocapture")
+    p = under_qemu(QEMU, cpu, tests, "kernels", "--nocapture")
     assert p.returncode == 0, f"{name} on {cpu}: exit {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-6000:]}"
     assert "test kernels::tests::compiled_isa_is_the_expected_one ... ok" in p.stdout
     for t in ["quantized_dots_match_exact_reference_and_portable", "quantized_dots_on_extreme_values_match_portable_and_exact",
@@ -158,52 +106,16 @@ def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_guard_on_emulated_cpu(builds, cpu, name):
     _, exe = builds[name]
-    p = under_qemu(cpu, exe, "--version", timeout=120)
-    missing = EXPECT[cpu][name]
-    if missing is None:
-        assert p.returncode == 0, f"ml_variant ({name}) on {cpu}: exit {p.returncode}\n{p.stderr}"
-        assert "ml_run" in p.stdout  # clap's --version: main was reached
-    else:
-        want = (f"krafla: this build ({name}) needs the CPU feature '{missing}', which this CPU lacks; "
-                f"run ml_run to pick a build that fits")
-        assert p.returncode == 3, f"{name} on {cpu}: exit {p.returncode}\nstdout:{p.stdout}\nstderr:{p.stderr}"
-        assert krafla_lines(p.stderr) == [want]
-        assert p.stdout == ""
-
-
-@pytest.fixture(scope="module")
-def native():
-    if not NATIVE.is_file():
-        _unavailable(f"no native build {NATIVE}: run `cargo build --release`")
-    return NATIVE
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arm-tiny")
-    models = {}
-    for qtype in ["q4_0", "q8_0", "f16"]:
-        models[qtype] = out / f"llama2-{qtype}.mlb"
-        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", models[qtype], "--type", qtype)
-    return models
-
-
-def _logits(cmd, mlb, out, ids, n):
-    p = subprocess.run([*map(str, cmd), str(mlb), "--prompt-ids", ids, "--logits-out", str(out), "-n", str(n),
-                        "-t", "2", "--print-ids"], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd}: exit {p.returncode}\n{p.stderr}"
-    data = out.read_bytes()
-    assert len(data) > 0 and len(data) % 4 == 0
-    return data, p.stdout
+    assert_guard(under_qemu(QEMU, cpu, exe, "--version", timeout=120), name, EXPECT[cpu][name])
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_tiny_logits_are_byte_identical_to_native_x86(builds, native, tiny, name, tmp_path):
+def test_tiny_logits_are_byte_identical_to_native_x86(builds, native, tiny_llama2, name, tmp_path):
     _, exe = builds[name]
     cpu = VARIANTS[name][1]
-    for qtype, mlb in tiny.items():
-        want, want_ids = _logits([native], mlb, tmp_path / f"native-{qtype}.f32", "1,2,3", 0)
-        got, got_ids = _logits([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}-{qtype}.f32", "1,2,3", 0)
+    for qtype, mlb in tiny_llama2.items():
+        want, want_ids = logits_bytes([native], mlb, tmp_path / f"native-{qtype}.f32", "1,2,3", 0)
+        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}-{qtype}.f32", "1,2,3", 0)
         assert got == want, f"{name} {qtype}: logits differ from the native x86-64 build's"
         assert got_ids == want_ids
 
@@ -212,10 +124,10 @@ def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, t
     """SmolLM2-135M (576 / 1536-wide rows: the eight-block steps of every
     kernel), prompt and four generated tokens, all four variants."""
     mlb = smol("q4_0")
-    want, want_ids = _logits([native], mlb, tmp_path / "native.f32", "1,2,3,4,5", 4)
+    want, want_ids = logits_bytes([native], mlb, tmp_path / "native.f32", "1,2,3,4,5", 4)
     for name, (_, exe) in builds.items():
         cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
-        got, got_ids = _logits([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
+        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
         assert got == want, f"{name}: SmolLM2 logits differ from the native x86-64 build's"
         assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
 
@@ -230,11 +142,11 @@ def _best(cpu):
 def test_launcher_picks_the_best_build_for_the_cpu(toolchain, cpu):
     launcher = DIST / "ml_run"
     if not launcher.is_file():
-        _unavailable(f"no {launcher}: run `cargo xtask dist linux-aarch64`")
-    p = under_qemu(cpu, launcher, "--version", timeout=120)
+        unavailable(f"no {launcher}: run `cargo xtask dist linux-aarch64`")
+    p = under_qemu(QEMU, cpu, launcher, "--version", timeout=120)
     assert p.returncode == 0, f"ml_run on {cpu}: exit {p.returncode}\n{p.stderr}"
     assert f"runs {DIST / ('ml_' + _best(cpu))}\n" in p.stdout, p.stdout
-    p = under_qemu(cpu, launcher, "--list-isas", timeout=120)
+    p = under_qemu(QEMU, cpu, launcher, "--list-isas", timeout=120)
     selected = [l.split()[0] for l in p.stdout.splitlines() if l.startswith("ml_") and " * " in f" {l} "]
     assert selected == [f"ml_{_best(cpu)}"], p.stdout
 

@@ -21,7 +21,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, run_tool
+from conftest import REPO, assert_guard, krafla_lines, under_qemu, unavailable
 
 DIST = REPO / "dist" / "linux-x86_64"
 VARIANTS = ["sse2", "sse41", "avx2", "avx512vnni"]
@@ -36,16 +36,10 @@ EXPECT = {
 }
 
 
-def _unavailable(reason):
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def qemu():
     if not (QEMU and pathlib.Path(QEMU).is_file()):
-        _unavailable("qemu-x86_64 is not installed (apt-get install qemu-user)")
+        unavailable("qemu-x86_64 is not installed (apt-get install qemu-user)")
     return QEMU
 
 
@@ -53,34 +47,14 @@ def qemu():
 def dist():
     missing = [n for n in VARIANTS + ["run"] if not (DIST / f"ml_{n}").is_file()]
     if missing:
-        _unavailable(f"no {', '.join('ml_' + n for n in missing)} in {DIST}: run `cargo xtask dist linux-x86_64`")
+        unavailable(f"no {', '.join('ml_' + n for n in missing)} in {DIST}: run `cargo xtask dist linux-x86_64`")
     return DIST
-
-
-def under_qemu(qemu, cpu, exe, *args, timeout=600):
-    return subprocess.run([qemu, "-cpu", cpu, str(exe), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def krafla_lines(stderr):
-    """stderr without qemu's own warnings (e.g. features TCG cannot emulate)."""
-    return [l for l in stderr.splitlines() if l.strip() and not l.startswith("qemu-x86_64:")]
 
 
 @pytest.mark.parametrize("cpu", list(EXPECT))
 @pytest.mark.parametrize("isa", VARIANTS)
 def test_guard_on_emulated_cpu(qemu, dist, cpu, isa):
-    p = under_qemu(qemu, cpu, dist / f"ml_{isa}", "--version", timeout=120)
-    missing = EXPECT[cpu][isa]
-    if missing is None:
-        assert p.returncode == 0, f"ml_{isa} on {cpu}: exit {p.returncode}\n{p.stderr}"
-        assert "ml_run" in p.stdout  # clap's --version: main was reached
-    else:
-        want = (f"krafla: this build ({isa}) needs the CPU feature '{missing}', which this CPU lacks; "
-                f"run ml_run to pick a build that fits")
-        assert p.returncode == 3, f"ml_{isa} on {cpu}: exit {p.returncode}, stderr {p.stderr!r}"
-        assert krafla_lines(p.stderr) == [want]
-        assert p.stdout == "", "main must not have run"
+    assert_guard(under_qemu(qemu, cpu, dist / f"ml_{isa}", "--version", timeout=120), isa, EXPECT[cpu][isa])
 
 
 def test_guard_passes_natively(dist):
@@ -98,16 +72,6 @@ def test_builds_are_static(dist):
         if not out:
             pytest.skip("`file` is not installed")
         assert "dynamically linked" not in out or "static-pie" in out, f"ml_{name}: {out}"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("isa")
-    out = {}
-    for qtype in ["q8_0", "q4_0"]:
-        out[qtype] = root / f"llama2-{qtype}.mlb"
-        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", out[qtype], "--type", qtype)
-    return out
 
 
 IDS = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35"
@@ -128,12 +92,12 @@ def native_best(dist):
 
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
-def test_emulated_old_builds_match_native_logits(qemu, dist, tiny, qtype, tmp_path):
+def test_emulated_old_builds_match_native_logits(qemu, dist, tiny_llama2, qtype, tmp_path):
     best = native_best(dist)
-    want, err = logits([str(dist / f"ml_{best}")], tiny[qtype], tmp_path / "native.f32")
+    want, err = logits([str(dist / f"ml_{best}")], tiny_llama2[qtype], tmp_path / "native.f32")
     assert f"isa {best}," in err
     for isa, cpu in [("sse2", "qemu64"), ("sse41", "Nehalem")]:
-        got, err = logits([qemu, "-cpu", cpu, str(dist / f"ml_{isa}")], tiny[qtype], tmp_path / f"{isa}.f32")
+        got, err = logits([qemu, "-cpu", cpu, str(dist / f"ml_{isa}")], tiny_llama2[qtype], tmp_path / f"{isa}.f32")
         assert f"isa {isa}," in err
         assert got.shape == want.shape
         diff = float(np.abs(got - want).max())
@@ -142,17 +106,17 @@ def test_emulated_old_builds_match_native_logits(qemu, dist, tiny, qtype, tmp_pa
     for isa in VARIANTS:
         if subprocess.run([str(dist / f"ml_{isa}"), "--version"], capture_output=True).returncode != 0:
             continue
-        got, _ = logits([str(dist / f"ml_{isa}")], tiny[qtype], tmp_path / f"n-{isa}.f32")
+        got, _ = logits([str(dist / f"ml_{isa}")], tiny_llama2[qtype], tmp_path / f"n-{isa}.f32")
         diff = float(np.abs(got - want).max())
         assert diff <= 1e-4, f"{qtype}: native ml_{isa} vs ml_{best}: max |logit diff| {diff:.2e}"
 
 
 @pytest.mark.parametrize("cpu,want", [("qemu64", "sse2"), ("core2duo", "sse2"), ("Nehalem", "sse41"),
                                       ("Haswell", "avx2")])
-def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny, cpu, want):
+def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny_llama2, cpu, want):
     # qemu-user emulates ml_run's CPUID; the build it execs runs natively and
     # reports its ISA on the start-up line.
-    p = under_qemu(qemu, cpu, dist / "ml_run", tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0")
+    p = under_qemu(qemu, cpu, dist / "ml_run", tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0")
     assert p.returncode == 0, p.stderr
     assert f"krafla: isa {want}," in p.stderr, p.stderr
     # --list-isas marks the same build, and names what the others lack.
@@ -179,53 +143,53 @@ def cpu_flags():
     return set(line.split(":", 1)[-1].split())
 
 
-def test_launcher_natively_picks_the_best_build(dist, tiny):
+def test_launcher_natively_picks_the_best_build(dist, tiny_llama2):
     best = native_best(dist)
     if "avx512_vnni" in cpu_flags() and "avx512bw" in cpu_flags():
         assert best == "avx512vnni"
     p = subprocess.run([str(dist / "ml_run"), "--version"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("ml_run ") and p.stdout.strip().endswith(f"/ml_{best}"), p.stdout
-    p = subprocess.run([str(dist / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+    p = subprocess.run([str(dist / "ml_run"), tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and f"krafla: isa {best}," in p.stderr, p.stderr
 
 
-def test_launcher_forced_isa(qemu, dist, tiny, tmp_path):
+def test_launcher_forced_isa(qemu, dist, tiny_llama2, tmp_path):
     run = lambda *a: subprocess.run([str(dist / "ml_run"), *map(str, a)], capture_output=True, text=True,
                                     timeout=120)
     for isa in VARIANTS:
         if EXPECT["Nehalem"][isa] is None:  # every CPU that runs these tests has at least Nehalem's features
-            p = run("--isa", isa, tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0")
+            p = run("--isa", isa, tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0")
             assert p.returncode == 0 and f"krafla: isa {isa}," in p.stderr, p.stderr
-    p = run(tiny["q8_0"], "--isa=sse2", "--prompt-ids", "1,2", "-n", "0")  # anywhere on the line, = form
+    p = run(tiny_llama2["q8_0"], "--isa=sse2", "--prompt-ids", "1,2", "-n", "0")  # anywhere on the line, = form
     assert p.returncode == 0 and "krafla: isa sse2," in p.stderr, p.stderr
-    p = run("--isa", "avx9", tiny["q8_0"])
+    p = run("--isa", "avx9", tiny_llama2["q8_0"])
     assert p.returncode == 2 and "unknown ISA 'avx9'" in p.stderr and "avx512vnni, avx2, sse41, sse2" in p.stderr
     p = run("--isa")
     assert p.returncode == 2 and "--isa needs" in p.stderr
     # The CPU lacks it (emulated Nehalem has no AVX2): a clear error, not the guard's exit 3.
-    p = under_qemu(qemu, "Nehalem", dist / "ml_run", "--isa", "avx2", tiny["q8_0"])
+    p = under_qemu(qemu, "Nehalem", dist / "ml_run", "--isa", "avx2", tiny_llama2["q8_0"])
     assert p.returncode == 2, p.stderr
     assert krafla_lines(p.stderr) == ["ml_run: --isa avx2: this CPU lacks the feature 'avx2', which ml_avx2 needs"]
     # The file is missing.
     shutil.copy(dist / "ml_run", tmp_path / "ml_run")
     shutil.copy(dist / "ml_sse2", tmp_path / "ml_sse2")
-    p = subprocess.run([str(tmp_path / "ml_run"), "--isa", "sse41", tiny["q8_0"]], capture_output=True, text=True)
+    p = subprocess.run([str(tmp_path / "ml_run"), "--isa", "sse41", tiny_llama2["q8_0"]], capture_output=True, text=True)
     assert p.returncode == 2 and "ml_sse41 is not in this directory" in p.stderr, p.stderr
     # ... and without --isa the one present build that fits is used.
-    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "krafla: isa sse2," in p.stderr, p.stderr
 
 
-def test_launcher_without_builds_and_fallback(dist, tiny, tmp_path):
+def test_launcher_without_builds_and_fallback(dist, tiny_llama2, tmp_path):
     shutil.copy(dist / "ml_run", tmp_path / "ml_run")
-    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"]], capture_output=True, text=True)
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny_llama2["q8_0"]], capture_output=True, text=True)
     assert p.returncode == 2 and "no Krafla build" in p.stderr, p.stderr
     # A plain `cargo build` leaves ml_variant beside ml_run: the fallback.
     shutil.copy(dist / "ml_sse41", tmp_path / "ml_variant")
-    p = subprocess.run([str(tmp_path / "ml_run"), tiny["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
+    p = subprocess.run([str(tmp_path / "ml_run"), tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "krafla: isa sse41," in p.stderr, p.stderr
     host = REPO / "target" / "release"

@@ -25,7 +25,6 @@ import hashlib
 import http.client
 import json
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ import zipfile
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, unavailable
 
 VERSION = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
 ISAS = ["avx512vnni", "avx2", "sse41", "sse2"]
@@ -49,12 +48,6 @@ PLATFORM_ISAS = {
 QUESTION = "What is the capital of France?"
 WINE = shutil.which("wine")
 MINGW_GCC = shutil.which("x86_64-w64-mingw32-gcc")
-
-
-def _unavailable(reason):
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
-    pytest.skip(reason)
 
 
 def archive_path(platform):
@@ -72,7 +65,7 @@ def unpack(platform, dest):
     """Unpacks the archive into `dest` (a fresh directory outside the checkout); returns the top folder."""
     src = archive_path(platform)
     if not src.is_file():
-        _unavailable(f"{src} is missing: run `cargo xtask release {platform}`")
+        unavailable(f"{src} is missing: run `cargo xtask release {platform}`")
     assert REPO not in dest.resolve().parents, "unpack outside the checkout"
     top = f"krafla-{VERSION}-{platform}"
     if src.name.endswith(".zip"):
@@ -235,7 +228,7 @@ def arm(request, tmp_path_factory):
     platform = request.param
     qemu = shutil.which(ARM[platform][0])
     if not qemu:
-        _unavailable(f"{ARM[platform][0]} is needed (apt-get install -y qemu-user)")
+        unavailable(f"{ARM[platform][0]} is needed (apt-get install -y qemu-user)")
     folder = unpack(platform, tmp_path_factory.mktemp(f"release-{platform}"))
     return platform, qemu, folder
 
@@ -299,7 +292,7 @@ def winpath(p):
 @pytest.fixture(scope="module")
 def windows(tmp_path_factory):
     if not (WINE and MINGW_GCC):
-        _unavailable("wine and MinGW-w64 are needed (apt-get install -y wine64 gcc-mingw-w64-x86-64)")
+        unavailable("wine and MinGW-w64 are needed (apt-get install -y wine64 gcc-mingw-w64-x86-64)")
     folder = unpack("windows-x86_64", tmp_path_factory.mktemp("release-windows"))
     check_sums(folder)  # before the test-only DLL joins the folder
     build = tmp_path_factory.mktemp("prng")
@@ -350,7 +343,7 @@ def test_windows_launcher_and_guard_on_emulated_cpus(windows):
     qemu = shutil.which("qemu-x86_64")
     loader = shutil.which("wine64") or "/usr/lib/wine/wine64"
     if not (qemu and os.path.exists(loader)):
-        _unavailable("qemu-x86_64 (apt-get install qemu-user) and wine's wine64 loader are needed")
+        unavailable("qemu-x86_64 (apt-get install qemu-user) and wine's wine64 loader are needed")
     env = dict(wine.env, WINELOADERNOEXEC="1")
 
     def emulated(cpu, exe, *args):
