@@ -22,6 +22,8 @@ mod table;
 
 use table::CPU_FEATURES;
 
+use crate::guard_message::str_eq;
+
 /// Whether this build was compiled with the feature `name` (one of `CPU_FEATURES`).
 const fn compiled(name: &str) -> bool {
     macro_rules! lookup {
@@ -32,21 +34,6 @@ const fn compiled(name: &str) -> bool {
     lookup!("avx512vnni" "avx512bw" "avx512vl" "avx512dq" "avx512cd" "avx512f" "avx2" "fma" "f16c" "bmi2" "bmi1"
             "avx" "popcnt" "sse4.2" "sse4.1" "ssse3" "sse3");
     panic!("a feature of CPU_FEATURES is missing from guard.rs's lookup list")
-}
-
-const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
 }
 
 const MSG_CAP: usize = 168;

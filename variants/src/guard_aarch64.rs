@@ -17,6 +17,8 @@ mod table;
 
 use table::{Hwcap, AARCH64_FEATURES};
 
+use crate::guard_message::str_eq;
+
 /// Whether this build was compiled with the feature `name` (one of `AARCH64_FEATURES`).
 const fn compiled(name: &str) -> bool {
     macro_rules! lookup {
@@ -31,21 +33,6 @@ const fn compiled(name: &str) -> bool {
 /// The order of the checks: the feature that names a build first (an SVE
 /// build on a CPU without SVE, i8mm and dotprod is told about 'sve').
 const ORDER: [&str; 7] = ["sve2", "sve", "i8mm", "bf16", "dotprod", "fp16", "neon"];
-
-const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
 
 /// Linux `AT_HWCAP` / `AT_HWCAP2` (`getauxval`'s argument).
 const AT_HWCAP: u64 = 16;

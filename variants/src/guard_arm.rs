@@ -21,24 +21,11 @@ mod table;
 
 use table::{Hwcap, ARM_FEATURES, ARM_VARIANTS};
 
+use crate::guard_message::str_eq;
+
 /// The features checked, in order: the armv7hf build's.
 const NEEDED: &[&str] = ARM_VARIANTS[0].cpu_features;
 const N: usize = NEEDED.len();
-
-const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
 
 /// Linux `AT_HWCAP` (`getauxval`'s argument).
 const AT_HWCAP: u32 = 16;
