@@ -423,30 +423,122 @@ pub(super) mod imp {
         [reduce4([v[0], v[1], v[2], v[3]]), reduce4([v[4], v[5], v[6], v[7]])]
     }
 
+    /// The Q8 · Q8 and Q4 · Q8 dots for one token (`sum_blocks8!`) or four
+    /// (`sum_blocks8_x4!`), shared by the SSE2 and SSE4.1 kernels, which
+    /// differ only in `$block_dot(weight halves, activation block)` (a Q8
+    /// block's exact sums in four i32 lanes) and `$nib_dot(low nibbles, high
+    /// nibbles, activation block)` (a Q4 block's Σ nibble·q likewise).
+    macro_rules! q8_dot {
+        (1, $w:expr, $x:expr, $block_dot:expr) => {{
+            use $crate::kernels::sse2::imp::{halves, hsum_i32, reduce8};
+            let w = $w;
+            let x: ActRef = $x;
+            let x = x.range(0, w.len().min(x.len()));
+            let block_dot = $block_dot;
+            $crate::kernels::sse2::sum_blocks8!(
+                x,
+                false,
+                B::F16_SCALE,
+                |i| reduce8(unroll!(8, |j| block_dot(halves(w[i + j].quants()), &x.blocks()[i + j].qs))),
+                |j| w[i + j].scale_bits(),
+                |b| (hsum_i32(block_dot(halves(w[b].quants()), &x.blocks()[b].qs)), w[b].scale()),
+            )
+        }};
+        (4, $w:expr, $xs:expr, $block_dot:expr) => {{
+            use $crate::kernels::sse2::imp::{halves, hsum_i32, reduce4};
+            let w = $w;
+            let xs: [ActRef; 4] = $xs;
+            let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
+            let block_dot = $block_dot;
+            $crate::kernels::sse2::sum_blocks8_x4!(
+                xs,
+                false,
+                B::F16_SCALE,
+                |i, h| unroll!(4, |j| halves(w[i + 4 * h + j].quants())),
+                |wv, x| reduce4(unroll!(4, |j| block_dot(wv[j], &x.blocks()[i + 4 * h + j].qs))),
+                |j| w[i + j].scale_bits(),
+                |b, x| (hsum_i32(block_dot(halves(w[b].quants()), &x.blocks()[b].qs)), w[b].scale()),
+            )
+        }};
+    }
+    #[allow(unused_imports)] // used by the SSE4.1 build
+    pub(crate) use q8_dot;
+
+    /// See `q8_dot!`.
+    macro_rules! q4_dot {
+        (1, $w:expr, $x:expr, $nib_dot:expr) => {{
+            use $crate::kernels::sse2::imp::{hsum_i32, nibbles, reduce8};
+            let w = $w;
+            let x: ActRef = $x;
+            let x = x.range(0, w.len().min(x.len()));
+            let nib_dot = $nib_dot;
+            $crate::kernels::sse2::sum_blocks8!(
+                x,
+                true,
+                B::F16_SCALE,
+                |i| reduce8(unroll!(8, |j| {
+                    let (lo, hi) = nibbles(w[i + j].nibbles());
+                    nib_dot(lo, hi, &x.blocks()[i + j].qs)
+                })),
+                |j| w[i + j].scale_bits(),
+                |b| (
+                    {
+                        let (lo, hi) = nibbles(w[b].nibbles());
+                        hsum_i32(nib_dot(lo, hi, &x.blocks()[b].qs)) - 8 * x.blocks()[b].sum
+                    },
+                    w[b].scale()
+                ),
+            )
+        }};
+        (4, $w:expr, $xs:expr, $nib_dot:expr) => {{
+            use $crate::kernels::sse2::imp::{hsum_i32, nibbles, reduce4};
+            let w = $w;
+            let xs: [ActRef; 4] = $xs;
+            let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
+            let nib_dot = $nib_dot;
+            $crate::kernels::sse2::sum_blocks8_x4!(
+                xs,
+                true,
+                B::F16_SCALE,
+                |i, h| unroll!(4, |j| nibbles(w[i + 4 * h + j].nibbles())),
+                |wv, x| reduce4(unroll!(4, |j| nib_dot(wv[j].0, wv[j].1, &x.blocks()[i + 4 * h + j].qs))),
+                |j| w[i + j].scale_bits(),
+                |b, x| (
+                    {
+                        let (lo, hi) = nibbles(w[b].nibbles());
+                        hsum_i32(nib_dot(lo, hi, &x.blocks()[b].qs)) - 8 * x.blocks()[b].sum
+                    },
+                    w[b].scale()
+                ),
+            )
+        }};
+    }
+    #[allow(unused_imports)] // used by the SSE4.1 build
+    pub(crate) use q4_dot;
+
+    /// Σ of a Q8 block's 32 products in four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn block_dot(w: (__m128i, __m128i), x: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(x);
+        _mm_add_epi32(madd_i8(w.0, x0), madd_i8(w.1, x1))
+    }
+
+    /// Σ nibble·q of a Q4 block in four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn nib_dot(lo: __m128i, hi: __m128i, x: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(x);
+        _mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))
+    }
+
     /// Q8 weights · Q8 activations: per block the exact integer sum, eight
     /// blocks per step in `portable`'s lane order (bit-identical).
     #[inline]
     #[target_feature(enable = "sse2")]
     pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        sum_blocks8!(
-            x,
-            false,
-            B::F16_SCALE,
-            |i| reduce8(unroll!(8, |j| {
-                let ((w0, w1), (x0, x1)) = (halves(w[i + j].quants()), halves(&x.blocks()[i + j].qs));
-                _mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b| (
-                {
-                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
-                    hsum_i32(_mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1)))
-                },
-                w[b].scale()
-            ),
-        )
+        q8_dot!(1, w, x, |w, x| block_dot(w, x))
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact), scaled as `dot_q8`.
@@ -454,55 +546,15 @@ pub(super) mod imp {
     #[target_feature(enable = "sse2")]
     pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        let m = _mm_set1_epi8(0x0f);
-        sum_blocks8!(
-            x,
-            true,
-            B::F16_SCALE,
-            |i| reduce8(unroll!(8, |j| {
-                let n = ld16(w[i + j].nibbles());
-                let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-                let (x0, x1) = halves(&x.blocks()[i + j].qs);
-                _mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b| (
-                {
-                    let n = ld16(w[b].nibbles());
-                    let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-                    let (x0, x1) = halves(&x.blocks()[b].qs);
-                    hsum_i32(_mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))) - 8 * x.blocks()[b].sum
-                },
-                w[b].scale()
-            ),
-        )
+        q4_dot!(1, w, x, |lo, hi, x| nib_dot(lo, hi, x))
     }
 
     /// `dot_q8` of one weight row with four activation rows, each weight
-    /// block loaded and sign-extended once (each result bit-identical to `dot_q8`'s).
+    /// block loaded once (each result bit-identical to `dot_q8`'s).
     #[inline]
     #[target_feature(enable = "sse2")]
     pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
-        sum_blocks8_x4!(
-            xs,
-            false,
-            B::F16_SCALE,
-            |i, h| unroll!(4, |j| halves(w[i + 4 * h + j].quants())),
-            |wv, x| reduce4(unroll!(4, |j| {
-                let (x0, x1) = halves(&x.blocks()[i + 4 * h + j].qs);
-                _mm_add_epi32(madd_i8(wv[j].0, x0), madd_i8(wv[j].1, x1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                {
-                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
-                    hsum_i32(_mm_add_epi32(madd_i8(w0, x0), madd_i8(w1, x1)))
-                },
-                w[b].scale()
-            ),
-        )
+        q8_dot!(4, w, xs, |w, x| block_dot(w, x))
     }
 
     /// `dot_q4` of one weight row with four activation rows, each block's
@@ -510,26 +562,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "sse2")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
-        sum_blocks8_x4!(
-            xs,
-            true,
-            B::F16_SCALE,
-            |i, h| unroll!(4, |j| nibbles(w[i + 4 * h + j].nibbles())),
-            |wv, x| reduce4(unroll!(4, |j| {
-                let (x0, x1) = halves(&x.blocks()[i + 4 * h + j].qs);
-                _mm_add_epi32(madd_u8i8(wv[j].0, x0), madd_u8i8(wv[j].1, x1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                {
-                    let (lo, hi) = nibbles(w[b].nibbles());
-                    let (x0, x1) = halves(&x.blocks()[b].qs);
-                    hsum_i32(_mm_add_epi32(madd_u8i8(lo, x0), madd_u8i8(hi, x1))) - 8 * x.blocks()[b].sum
-                },
-                w[b].scale()
-            ),
-        )
+        q4_dot!(4, w, xs, |lo, hi, x| nib_dot(lo, hi, x))
     }
 
     /// A Q4 block's nibbles as bytes 0..15: (low nibbles: elements 0..16, high: 16..32).

@@ -11,9 +11,8 @@ entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4);
 mod imp {
     use core::arch::x86_64::*;
 
-    use super::super::sse2::imp::{halves, hsum_i32, ld16, nibbles, reduce4, reduce8};
-    use super::super::sse2::{sum_blocks8, sum_blocks8_x4};
-    use crate::quant::{ActRef, Q4Block, Q8Block};
+    use super::super::sse2::imp::{halves, q4_dot, q8_dot};
+    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
 
     /// Σ of 16 u8 × i8 products in four i32 lanes. Exact while each pair sum
     /// fits i16: |u| ≤ 128 with |s| ≤ 127, or u ≤ 15.
@@ -23,33 +22,34 @@ mod imp {
         _mm_madd_epi16(_mm_maddubs_epi16(u, s), _mm_set1_epi16(1))
     }
 
-    /// Q8 weights · Q8 activations. Activation quants are in [-127, 127]
-    /// (`quantize_act`), so sign(x, w) never overflows and |w| ≤ 128 is exact.
-    /// Eight blocks per step in `portable`'s lane order (sse2's `sum_blocks8`).
+    /// Σ of a Q8 block's 32 products in four i32 lanes (exact): |w| × sign(x, w).
+    /// Activation quants are in [-127, 127] (`quantize_act`), so sign(x, w)
+    /// never overflows and |w| ≤ 128 is exact.
+    #[inline]
+    #[target_feature(enable = "ssse3,sse4.1")]
+    fn block_dot(w: (__m128i, __m128i), x: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(x);
+        let s0 = maddubs(_mm_abs_epi8(w.0), _mm_sign_epi8(x0, w.0));
+        _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w.1), _mm_sign_epi8(x1, w.1)))
+    }
+
+    /// Σ nibble·q of a Q4 block in four i32 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "ssse3,sse4.1")]
+    fn nib_dot(lo: __m128i, hi: __m128i, x: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(x);
+        // pair sums ≤ 2·15·127, twice: the i16 add is exact
+        let s = _mm_add_epi16(_mm_maddubs_epi16(lo, x0), _mm_maddubs_epi16(hi, x1));
+        _mm_madd_epi16(s, _mm_set1_epi16(1))
+    }
+
+    /// Q8 weights · Q8 activations, eight blocks per step in `portable`'s
+    /// lane order (sse2.rs's `q8_dot!`).
     #[inline]
     #[target_feature(enable = "ssse3,sse4.1")]
     pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        sum_blocks8!(
-            x,
-            false,
-            B::F16_SCALE,
-            |i| reduce8(unroll!(8, |j| {
-                let ((w0, w1), (x0, x1)) = (halves(w[i + j].quants()), halves(&x.blocks()[i + j].qs));
-                let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
-                _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1)))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b| (
-                {
-                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
-                    let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
-                    hsum_i32(_mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1))))
-                },
-                w[b].scale()
-            ),
-        )
+        q8_dot!(1, w, x, |w, x| block_dot(w, x))
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).
@@ -57,87 +57,20 @@ mod imp {
     #[target_feature(enable = "ssse3,sse4.1")]
     pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        let x = x.range(0, w.len().min(x.len()));
-        let m = _mm_set1_epi8(0x0f);
-        sum_blocks8!(
-            x,
-            true,
-            B::F16_SCALE,
-            |i| reduce8(unroll!(8, |j| {
-                let n = ld16(w[i + j].nibbles());
-                let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-                let (x0, x1) = halves(&x.blocks()[i + j].qs);
-                // pair sums ≤ 2·15·127, twice: the i16 add is exact
-                let s = _mm_add_epi16(_mm_maddubs_epi16(lo, x0), _mm_maddubs_epi16(hi, x1));
-                _mm_madd_epi16(s, _mm_set1_epi16(1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b| (
-                {
-                    let n = ld16(w[b].nibbles());
-                    let (lo, hi) = (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m));
-                    let (x0, x1) = halves(&x.blocks()[b].qs);
-                    hsum_i32(_mm_add_epi32(maddubs(lo, x0), maddubs(hi, x1))) - 8 * x.blocks()[b].sum
-                },
-                w[b].scale()
-            ),
-        )
+        q4_dot!(1, w, x, |lo, hi, x| nib_dot(lo, hi, x))
     }
 
-    /// `dot_q8` of one weight row with four activation rows, |w| made once
-    /// per block (each result bit-identical to `dot_q8`'s).
+    /// `dot_q8` of one weight row with four activation rows (each result bit-identical to `dot_q8`'s).
     #[inline]
     #[target_feature(enable = "ssse3,sse4.1")]
     pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
-        sum_blocks8_x4!(
-            xs,
-            false,
-            B::F16_SCALE,
-            |i, h| unroll!(4, |j| halves(w[i + 4 * h + j].quants())),
-            |wv, x| reduce4(unroll!(4, |j| {
-                let ((w0, w1), (x0, x1)) = (wv[j], halves(&x.blocks()[i + 4 * h + j].qs));
-                let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
-                _mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1)))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                {
-                    let ((w0, w1), (x0, x1)) = (halves(w[b].quants()), halves(&x.blocks()[b].qs));
-                    let s0 = maddubs(_mm_abs_epi8(w0), _mm_sign_epi8(x0, w0));
-                    hsum_i32(_mm_add_epi32(s0, maddubs(_mm_abs_epi8(w1), _mm_sign_epi8(x1, w1))))
-                },
-                w[b].scale()
-            ),
-        )
+        q8_dot!(4, w, xs, |w, x| block_dot(w, x))
     }
 
-    /// `dot_q4` of one weight row with four activation rows, each block's
-    /// nibbles unpacked once (each result bit-identical to `dot_q4`'s).
+    /// `dot_q4` of one weight row with four activation rows (each result bit-identical to `dot_q4`'s).
     #[inline]
     #[target_feature(enable = "ssse3,sse4.1")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-        let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
-        sum_blocks8_x4!(
-            xs,
-            true,
-            B::F16_SCALE,
-            |i, h| unroll!(4, |j| nibbles(w[i + 4 * h + j].nibbles())),
-            |wv, x| reduce4(unroll!(4, |j| {
-                let ((lo, hi), (x0, x1)) = (wv[j], halves(&x.blocks()[i + 4 * h + j].qs));
-                // pair sums ≤ 2·15·127, twice: the i16 add is exact
-                let s = _mm_add_epi16(_mm_maddubs_epi16(lo, x0), _mm_maddubs_epi16(hi, x1));
-                _mm_madd_epi16(s, _mm_set1_epi16(1))
-            })),
-            |j| w[i + j].scale_bits(),
-            |b, x| (
-                {
-                    let (lo, hi) = nibbles(w[b].nibbles());
-                    let (x0, x1) = halves(&x.blocks()[b].qs);
-                    hsum_i32(_mm_add_epi32(maddubs(lo, x0), maddubs(hi, x1))) - 8 * x.blocks()[b].sum
-                },
-                w[b].scale()
-            ),
-        )
+        q4_dot!(4, w, xs, |lo, hi, x| nib_dot(lo, hi, x))
     }
 }
