@@ -41,6 +41,23 @@ entry_points!(
 /// scale)`: block b's exact integer sum, offset included, and its weight
 /// scale). A macro, so that all of it is inlined into the kernel.
 macro_rules! sum_blocks8_n {
+    // One step: blocks i..i+r (r ≤ 8) into the N accumulators.
+    (@step $n:tt, $acc:ident, $xs:ident, $q4:expr, $f16:expr, $i:ident, $r:ident, $wv:ident, $wprep:expr, $x:ident,
+     $isums:expr, $j:ident, $bits:expr) => {{
+        use $crate::kernels::avx2::imp as a;
+        let $wv = $wprep;
+        let dw = a::scales8(
+            $f16,
+            #[inline(always)]
+            |$j: usize| if $j < $r { $bits } else { 0 },
+        );
+        $acc = unroll!($n, |t| {
+            let $x = $xs[t];
+            let s = $isums;
+            let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets($x, $i, $r)) } else { s };
+            a::fold8($acc[t], s, dw, $x, $i, $r)
+        });
+    }};
     ($n:tt, $xs:expr, $q4:expr, $f16:expr, |$i:ident, $r:ident| $wprep:expr, |$wv:ident, $x:ident| $isums:expr,
      |$j:ident| $bits:expr, |$b:ident, $xb:ident| $one:expr $(,)?) => {{
         use $crate::kernels::avx2::imp as a;
@@ -57,34 +74,12 @@ macro_rules! sum_blocks8_n {
             let mut $i = 0usize;
             while $i + 8 <= n {
                 let $r = 8usize; // a constant: the zero-block choices compile away
-                let $wv = $wprep;
-                let dw = a::scales8(
-                    $f16,
-                    #[inline(always)]
-                    |$j: usize| if $j < $r { $bits } else { 0 },
-                );
-                acc = unroll!($n, |t| {
-                    let $x = xs[t];
-                    let s = $isums;
-                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets($x, $i, $r)) } else { s };
-                    a::fold8(acc[t], s, dw, $x, $i, $r)
-                });
+                $crate::kernels::avx2::sum_blocks8_n!(@step $n, acc, xs, $q4, $f16, $i, $r, $wv, $wprep, $x, $isums, $j, $bits);
                 $i += 8;
             }
             if $i < n {
                 let $r = n - $i;
-                let $wv = $wprep;
-                let dw = a::scales8(
-                    $f16,
-                    #[inline(always)]
-                    |$j: usize| if $j < $r { $bits } else { 0 },
-                );
-                acc = unroll!($n, |t| {
-                    let $x = xs[t];
-                    let s = $isums;
-                    let s = if $q4 { _mm256_add_epi32(s, a::q4_offsets($x, $i, $r)) } else { s };
-                    a::fold8(acc[t], s, dw, $x, $i, $r)
-                });
+                $crate::kernels::avx2::sum_blocks8_n!(@step $n, acc, xs, $q4, $f16, $i, $r, $wv, $wprep, $x, $isums, $j, $bits);
             }
             unroll!($n, |t| a::hsum(acc[t]))
         } else {
@@ -211,16 +206,6 @@ pub(super) mod imp {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
     }
 
-    /// `v[i..i + 8]` (f32 or i32) as a vector.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn ld8<T: Copy>(v: &[T], i: usize) -> __m256i {
-        assert_eq!(core::mem::size_of::<T>(), 4);
-        let c: &[T; 8] = v[i..i + 8].try_into().unwrap();
-        // SAFETY: `c` points to 8 readable 4-byte values (asserted); loadu needs no alignment.
-        unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
-    }
-
     /// Eight weight scales as f32 lanes from their bits (f16 when `f16`, else f32).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -237,11 +222,13 @@ pub(super) mod imp {
     /// `v[i..i + r]` (f32 or i32, r ≤ 8) as lanes 0..r of a vector, zeros above.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn ld8_part<T: Copy>(v: &[T], i: usize, r: usize) -> __m256i {
-        if r == 8 {
-            return ld8(v, i);
-        }
+    fn ld8<T: Copy>(v: &[T], i: usize, r: usize) -> __m256i {
         assert_eq!(core::mem::size_of::<T>(), 4);
+        if r == 8 {
+            let c: &[T; 8] = v[i..i + 8].try_into().unwrap();
+            // SAFETY: `c` points to 8 readable 4-byte values (asserted); loadu needs no alignment.
+            return unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+        }
         let c = &v[i..i + r];
         let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(r as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         // SAFETY: the mask enables lanes 0..r, which are `c`'s r readable
@@ -253,7 +240,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn q4_offsets(x: ActRef, i: usize, r: usize) -> __m256i {
-        let s = ld8_part(x.sum, i, r);
+        let s = ld8(x.sum, i, r);
         _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(s))
     }
 
@@ -262,7 +249,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn fold8(acc: __m256, s: __m256i, dw: __m256, x: ActRef, i: usize, r: usize) -> __m256 {
-        let dx = _mm256_castsi256_ps(ld8_part(x.d, i, r));
+        let dx = _mm256_castsi256_ps(ld8(x.d, i, r));
         let d = _mm256_mul_ps(dw, dx);
         _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
     }
