@@ -162,11 +162,6 @@ pub fn variants_for(arch: &str) -> &'static [Variant] {
     }
 }
 
-/// The x86-64 variant called `name`.
-pub fn variant(name: &str) -> Option<&'static Variant> {
-    X86_64_VARIANTS.iter().find(|v| v.name == name)
-}
-
 /// The slowest variant of `variants` (the last), the one that needs least.
 pub fn baseline(variants: &'static [Variant]) -> Option<&'static Variant> {
     variants.last()
