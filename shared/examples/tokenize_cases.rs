@@ -26,19 +26,14 @@ fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
 }
 
 fn hex_encode(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
-    s.split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse::<u32>().map_err(|e| format!("bad id {p:?}: {e}")))
-        .collect()
+    s.split(',').filter(|p| !p.is_empty()).map(|p| p.parse::<u32>().map_err(|e| format!("bad id {p:?}: {e}"))).collect()
 }
 
 fn streamed(tok: &Tokenizer, ids: &[u32]) -> Vec<u8> {

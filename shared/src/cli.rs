@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::Parser;
 
 use crate::kernels::ISA;
-use crate::model::{LogitsFor, Model, State};
+use crate::model::{LoadOptions, LogitsFor, Model, State};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -78,6 +78,10 @@ pub struct Args {
     /// Print generated token ids as a JSON array instead of text.
     #[arg(long)]
     pub print_ids: bool,
+    /// Keep Q8_0/Q4_0 weights only in the mapped file: no interleaved copy
+    /// for the eight-row kernels (slower, less memory; same logits).
+    #[arg(long)]
+    pub no_repack: bool,
     /// Benchmark: prompt processing (--pp) and generation (--tg) speed, llama-bench style.
     #[arg(long)]
     pub bench: bool,
@@ -129,7 +133,8 @@ pub fn main() -> i32 {
 fn prompt_text(args: &Args) -> Result<Option<String>, String> {
     let mut text = args.prompt.clone();
     if let Some(path) = &args.prompt_file {
-        let t = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
+        let t =
+            std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
         text = Some(text.map_or(t.clone(), |p| p + &t));
     }
     Ok(text)
@@ -181,7 +186,7 @@ fn run(args: Args) -> Result<(), String> {
 /// Loads the model and runs the chosen mode (bench, perplexity, logits, generation).
 fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, threads: usize) -> Result<(), String> {
     let model_path = args.model.as_ref().ok_or("no model given (ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)")?;
-    let model = Model::load(model_path)?;
+    let model = Model::load_with(model_path, LoadOptions { repack: !args.no_repack })?;
     let cfg = &model.config;
     if let Some(t) = &tokenizer {
         if t.vocab_size() > cfg.vocab_size {
@@ -215,7 +220,15 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
         if ctx < 4 || ctx > cfg.context_length {
             return Err(format!("--ctx {ctx} must be within 4..={}", cfg.context_length));
         }
-        crate::measure::perplexity(&model, tok, &text, ctx, args.chunks, args.batch, crate::kvcache::KvType::parse(&args.kv)?)?;
+        crate::measure::perplexity(
+            &model,
+            tok,
+            &text,
+            ctx,
+            args.chunks,
+            args.batch,
+            crate::kvcache::KvType::parse(&args.kv)?,
+        )?;
         return Ok(());
     }
 
@@ -239,11 +252,12 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
     let mut state = State::with_kv(cfg, ctx, kv_type)?;
     let weights_mib = model.file.file_len() as f64 / 1048576.0;
     eprintln!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights (mapped) + {:.1} MiB KV cache ({})",
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights (mapped) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
         model_path.display(),
         cfg.arch,
         model.n_params() as f64 / 1e6,
         weights_mib,
+        model.repacked_bytes() as f64 / 1048576.0,
         state.bytes() as f64 / 1048576.0,
         kv_type.name()
     );
@@ -255,7 +269,13 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
     let mut last_logits: Vec<f32> = Vec::new();
     let n_batches = prompt.len().div_ceil(args.batch);
     for (i, chunk) in prompt.chunks(args.batch).enumerate() {
-        let want = if want_all { LogitsFor::All } else if i + 1 == n_batches { LogitsFor::Last } else { LogitsFor::None };
+        let want = if want_all {
+            LogitsFor::All
+        } else if i + 1 == n_batches {
+            LogitsFor::Last
+        } else {
+            LogitsFor::None
+        };
         let logits = model.forward(&mut state, chunk, want)?;
         if want_all {
             all_logits.extend_from_slice(&logits);

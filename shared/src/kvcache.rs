@@ -167,7 +167,15 @@ impl KvCache {
     }
 
     /// out += w · v for the head at `head_off` of position `pos`.
-    pub fn accumulate_value(&self, slot: usize, pos: usize, head_off: usize, w: f32, out: &mut [f32], scratch: &mut [f32]) {
+    pub fn accumulate_value(
+        &self,
+        slot: usize,
+        pos: usize,
+        head_off: usize,
+        w: f32,
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
         let at = self.offset(slot, pos) + head_off;
         match &self.values {
             Store::F32(v) => arch::axpy(w, &v[at..at + out.len()], out),

@@ -49,7 +49,10 @@ pub fn memory_read_bandwidth() -> f64 {
     let mut best = 0.0f64;
     for _ in 0..3 {
         let t = Instant::now();
-        let sum: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).reduce(|| 0, u64::wrapping_add);
+        let sum: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+            .reduce(|| 0, u64::wrapping_add);
         let secs = t.elapsed().as_secs_f64();
         std::hint::black_box(sum);
         best = best.max(BYTES as f64 / secs);
@@ -68,7 +71,10 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
     println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");
     let row = |test: String, rates: &[f64]| {
         let (m, s) = mean_std(rates);
-        println!("| {model_name} | {size_gib:.2} GiB | {params_b:.2} B | {ISA} | {} | {test} | {m:.2} ± {s:.2} |", cfg.threads);
+        println!(
+            "| {model_name} | {size_gib:.2} GiB | {params_b:.2} B | {ISA} | {} | {test} | {m:.2} ± {s:.2} |",
+            cfg.threads
+        );
     };
     if cfg.prompt_tokens > 0 {
         let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), c.vocab_size);
@@ -136,7 +142,11 @@ pub fn perplexity(
     }
     let n_chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
-    eprintln!("perplexity: {} tokens, {n_chunks} chunks of {ctx}, scoring the last {} of each", tokens.len(), ctx - 1 - first);
+    eprintln!(
+        "perplexity: {} tokens, {n_chunks} chunks of {ctx}, scoring the last {} of each",
+        tokens.len(),
+        ctx - 1 - first
+    );
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut st = State::with_kv(c, ctx, kv)?;
     for i in 0..n_chunks {

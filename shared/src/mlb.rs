@@ -142,9 +142,11 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            format!("truncated: file ends while reading {what} at byte {}", self.pos)
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| format!("truncated: file ends while reading {what} at byte {}", self.pos))?;
         let s = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -337,8 +339,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(format!("{what} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"));
         }
-        let dims: Vec<u64> =
-            (0..n_dims).map(|_| c.u64(&format!("{what} shape"))).collect::<Result<_, _>>()?;
+        let dims: Vec<u64> = (0..n_dims).map(|_| c.u64(&format!("{what} shape"))).collect::<Result<_, _>>()?;
         let offset = c.u64(&format!("{what} offset"))?;
         if !seen.insert(name.clone()) {
             return Err(format!("duplicate tensor name '{name}'"));
@@ -461,10 +462,7 @@ mod tests {
                 ("layer_kinds", MetaValue::IntArray(vec![0])),
                 ("scales", MetaValue::FloatArray(vec![1.0, 2.0])),
             ],
-            &[
-                ("a", TensorType::F32, vec![3], vec![0u8; 12]),
-                ("b", TensorType::Q8_0, vec![2, 32], q8),
-            ],
+            &[("a", TensorType::F32, vec![3], vec![0u8; 12]), ("b", TensorType::Q8_0, vec![2, 32], q8)],
         )
     }
 
@@ -483,7 +481,8 @@ mod tests {
         let full = sample();
         // The last tensor ends at the end of the file, so any shorter prefix is invalid.
         for cut in 0..full.len() {
-            let err = Mlb::from_bytes(full[..cut].to_vec(), "cut.mlb").err().unwrap_or_else(|| panic!("cut {cut} accepted"));
+            let err =
+                Mlb::from_bytes(full[..cut].to_vec(), "cut.mlb").err().unwrap_or_else(|| panic!("cut {cut} accepted"));
             assert!(err.starts_with("cut.mlb: "), "{err}");
             assert!(!err.contains('\n'));
         }
@@ -548,7 +547,8 @@ mod tests {
         b[pos_b + 21..pos_b + 29].copy_from_slice(&33u64.to_le_bytes());
         check(b, "not a multiple of 32");
         // duplicate names
-        let dup = write_mlb(&[], &[("x", TensorType::F32, vec![1], vec![0; 4]), ("x", TensorType::F32, vec![1], vec![0; 4])]);
+        let dup =
+            write_mlb(&[], &[("x", TensorType::F32, vec![1], vec![0; 4]), ("x", TensorType::F32, vec![1], vec![0; 4])]);
         check(dup, "duplicate tensor name 'x'");
         let dup = write_mlb(&[("k", MetaValue::Int(1)), ("k", MetaValue::Int(2))], &[]);
         check(dup, "duplicate metadata key 'k'");

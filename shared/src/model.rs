@@ -9,10 +9,12 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::kernels::{arch, matmul, matmul_group, rows8, Input, MatRef, Packed, WeightData};
 use crate::kvcache::{try_alloc, KvCache, KvType};
-use crate::kernels::{arch, matmul, matmul_group, Input, MatRef, WeightData};
 use crate::mlb::{Mlb, TensorInfo, TensorType};
-use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32};
+use crate::quant::{
+    repack_q4_x8, repack_q8_x8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
+};
 
 /// What a layer's mixer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,7 +117,8 @@ impl Config {
         let opt_float = |key: &str, default: f64| -> Result<f64, String> { Ok(f.get_float(key)?.unwrap_or(default)) };
 
         let arch_name = f.require_str("arch")?.to_string();
-        const KNOWN: [&str; 9] = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c"];
+        const KNOWN: [&str; 9] =
+            ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c"];
         if !KNOWN.contains(&arch_name.as_str()) {
             return Err(format!("{p}: unknown architecture '{arch_name}'"));
         }
@@ -287,7 +290,8 @@ fn llama3_scale(inv_freq: &mut [f32], factor: f64, low: f64, high: f64, original
     }
 }
 
-/// A weight matrix located in the mapped file.
+/// A weight matrix located in the mapped file, and its rows again in the
+/// eight-row interleaved layout when the build's kernels use it.
 #[derive(Clone, Debug)]
 struct Matrix {
     ttype: TensorType,
@@ -295,11 +299,43 @@ struct Matrix {
     cols: usize,
     start: usize,
     len: usize,
+    packed: Option<Arc<PackedRows>>,
+}
+
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix copied into the
+/// interleaved layout of `kernels::rows8` (memory: the same bytes again).
+#[derive(Debug)]
+enum PackedRows {
+    Q8(Vec<BlockQ8_0x8>),
+    Q4(Vec<BlockQ4_0x8>),
+}
+
+impl PackedRows {
+    fn bytes(&self) -> usize {
+        match self {
+            PackedRows::Q8(v) => std::mem::size_of_val(&v[..]),
+            PackedRows::Q4(v) => std::mem::size_of_val(&v[..]),
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Copy Q8_0 / Q4_0 matrices into the eight-row interleaved layout when
+    /// this build has kernels for it (faster; costs their size in memory).
+    pub repack: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { repack: true }
+    }
 }
 
 /// Weights of one transformer block.
 struct Layer {
-    attn_norm: Vec<f32>,              // [D]
+    attn_norm: Vec<f32>, // [D]
     mixer: Mixer,
     attn_post_norm: Option<Vec<f32>>, // [D]
     ffn_norm: Vec<f32>,               // [D]
@@ -316,36 +352,36 @@ enum Mixer {
 }
 
 struct AttentionWeights {
-    q: Matrix,                 // [H·hd, D]; [H·2·hd, D] with the output gate
-    k: Matrix,                 // [Hkv·hd, D]
-    v: Matrix,                 // [Hkv·hd, D]
-    o: Matrix,                 // [D, H·hd]
-    q_bias: Option<Vec<f32>>,  // [rows of q]
-    k_bias: Option<Vec<f32>>,  // [Hkv·hd]
-    v_bias: Option<Vec<f32>>,  // [Hkv·hd]
-    q_norm: Option<Vec<f32>>,  // [hd]
-    k_norm: Option<Vec<f32>>,  // [hd]
+    q: Matrix,                // [H·hd, D]; [H·2·hd, D] with the output gate
+    k: Matrix,                // [Hkv·hd, D]
+    v: Matrix,                // [Hkv·hd, D]
+    o: Matrix,                // [D, H·hd]
+    q_bias: Option<Vec<f32>>, // [rows of q]
+    k_bias: Option<Vec<f32>>, // [Hkv·hd]
+    v_bias: Option<Vec<f32>>, // [Hkv·hd]
+    q_norm: Option<Vec<f32>>, // [hd]
+    k_norm: Option<Vec<f32>>, // [hd]
 }
 
 struct DeltaNetWeights {
-    qkv: Matrix,         // [C, D], C = 2·nk·dk + nv·dv
-    z: Matrix,           // [nv·dv, D]
-    b: Matrix,           // [nv, D]
-    a: Matrix,           // [nv, D]
-    conv: Vec<f32>,      // [C, K]
-    a_log: Vec<f32>,     // [nv]
-    dt_bias: Vec<f32>,   // [nv]
-    norm: Vec<f32>,      // [dv]
-    out: Matrix,         // [D, nv·dv]
+    qkv: Matrix,       // [C, D], C = 2·nk·dk + nv·dv
+    z: Matrix,         // [nv·dv, D]
+    b: Matrix,         // [nv, D]
+    a: Matrix,         // [nv, D]
+    conv: Vec<f32>,    // [C, K]
+    a_log: Vec<f32>,   // [nv]
+    dt_bias: Vec<f32>, // [nv]
+    norm: Vec<f32>,    // [dv]
+    out: Matrix,       // [D, nv·dv]
 }
 
 /// A loaded model: the mapped file, its configuration and tensor locations.
 pub struct Model {
     pub file: Arc<Mlb>,
     pub config: Config,
-    token_embd: Matrix, // [V, D]
+    token_embd: Matrix,    // [V, D]
     output_norm: Vec<f32>, // [D]
-    output: Matrix,     // [V, D] (token_embd when tied)
+    output: Matrix,        // [V, D] (token_embd when tied)
     layers: Vec<Layer>,
 }
 
@@ -429,16 +465,20 @@ impl State {
 
 impl Model {
     pub fn load(path: &Path) -> Result<Model, String> {
-        let file = Arc::new(Mlb::open(path)?);
-        Self::from_mlb(file)
+        Self::load_with(path, LoadOptions::default())
     }
 
-    pub fn from_mlb(file: Arc<Mlb>) -> Result<Model, String> {
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<Model, String> {
+        let file = Arc::new(Mlb::open(path)?);
+        Self::from_mlb(file, options)
+    }
+
+    pub fn from_mlb(file: Arc<Mlb>, options: LoadOptions) -> Result<Model, String> {
         let config = Config::from_mlb(&file)?;
         let c = &config;
         let (d, f, v, hd) = (c.hidden_size, c.ffn_dim, c.vocab_size, c.head_dim);
         let q_rows = c.q_dim() * if c.attn_output_gate { 2 } else { 1 };
-        let loader = Loader { file: &file };
+        let loader = Loader { file: &file, repack: options.repack && rows8::AVAILABLE };
         let token_embd = loader.matrix("token_embd", v, d)?;
         let output = if c.tie_embeddings { token_embd.clone() } else { loader.matrix("output", v, d)? };
         let output_norm = loader.vector("output_norm", d, c.norm_unit_offset)?;
@@ -446,14 +486,26 @@ impl Model {
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
             let opt_vec = |s: &str, n: usize, offset: bool| -> Result<Option<Vec<f32>>, String> {
-                if file.tensor(&name(s)).is_some() { loader.vector(&name(s), n, offset).map(Some) } else { Ok(None) }
+                if file.tensor(&name(s)).is_some() {
+                    loader.vector(&name(s), n, offset).map(Some)
+                } else {
+                    Ok(None)
+                }
             };
             let need_vec = |s: &str, n: usize, offset: bool| loader.vector(&name(s), n, offset);
             let sandwich = |s: &str| -> Result<Option<Vec<f32>>, String> {
-                if c.norm_sandwich { need_vec(s, d, c.norm_unit_offset).map(Some) } else { Ok(None) }
+                if c.norm_sandwich {
+                    need_vec(s, d, c.norm_unit_offset).map(Some)
+                } else {
+                    Ok(None)
+                }
             };
             let qk = |s: &str| -> Result<Option<Vec<f32>>, String> {
-                if c.qk_norm { need_vec(s, hd, c.norm_unit_offset).map(Some) } else { Ok(None) }
+                if c.qk_norm {
+                    need_vec(s, hd, c.norm_unit_offset).map(Some)
+                } else {
+                    Ok(None)
+                }
             };
             let mixer = match c.layer_kinds[i] {
                 LayerKind::Full | LayerKind::Sliding => Mixer::Attention(AttentionWeights {
@@ -512,13 +564,37 @@ impl Model {
         total
     }
 
+    /// Bytes of memory holding repacked copies of weight rows (`LoadOptions::repack`).
+    pub fn repacked_bytes(&self) -> usize {
+        let mut seen: Vec<*const PackedRows> = Vec::new();
+        let mut total = 0;
+        let mut count = |m: &Matrix| {
+            if let Some(p) = &m.packed {
+                if !seen.contains(&Arc::as_ptr(p)) {
+                    seen.push(Arc::as_ptr(p));
+                    total += p.bytes();
+                }
+            }
+        };
+        count(&self.token_embd);
+        count(&self.output);
+        for layer in &self.layers {
+            match &layer.mixer {
+                Mixer::Attention(w) => [&w.q, &w.k, &w.v, &w.o].into_iter().for_each(&mut count),
+                Mixer::DeltaNet(w) => [&w.qkv, &w.z, &w.b, &w.a, &w.out].into_iter().for_each(&mut count),
+            }
+            [&layer.ffn_gate, &layer.ffn_up, &layer.ffn_down].into_iter().for_each(&mut count);
+        }
+        total
+    }
+
     /// Number of weights (parameters) in the file.
     pub fn n_params(&self) -> u64 {
         self.file.tensors.iter().map(|t| t.n_elements()).sum()
     }
 
     /// Borrow a stored matrix in its type. Alignment and size were checked at load.
-    fn mat(&self, m: &Matrix) -> MatRef<'_> {
+    fn mat<'a>(&'a self, m: &'a Matrix) -> MatRef<'a> {
         let bytes = &self.file.bytes()[m.start..m.start + m.len];
         let data = match m.ttype {
             TensorType::F32 => WeightData::F32(cast::<f32>(bytes)),
@@ -528,7 +604,12 @@ impl Model {
             TensorType::Q8_0F32 => WeightData::Q8_0F32(cast::<BlockQ8_0F32>(bytes)),
             TensorType::Q4_0F32 => WeightData::Q4_0F32(cast::<BlockQ4_0F32>(bytes)),
         };
-        MatRef { rows: m.rows, cols: m.cols, data }
+        let packed = match m.packed.as_deref() {
+            Some(PackedRows::Q8(p)) => Packed::Q8(p),
+            Some(PackedRows::Q4(p)) => Packed::Q4(p),
+            None => Packed::None,
+        };
+        MatRef { rows: m.rows, cols: m.cols, data, packed }
     }
 
     /// Runs `tokens` (positions state.pos ..) through the model, appending to
@@ -618,7 +699,15 @@ impl Model {
 impl Model {
     /// Attention for the new tokens: q/k/v projections, biases, q/k norms,
     /// RoPE, cache append, causal (windowed) attention, output gate, o_proj.
-    fn attention_block(&self, l: usize, w: &AttentionWeights, xn: &[f32], st: &mut State, rope: &RopeTables, out: &mut [f32]) {
+    fn attention_block(
+        &self,
+        l: usize,
+        w: &AttentionWeights,
+        xn: &[f32],
+        st: &mut State,
+        rope: &RopeTables,
+        out: &mut [f32],
+    ) {
         let c = &self.config;
         let (hd, kv_dim) = (c.head_dim, c.kv_dim());
         let n_tok = xn.len() / c.hidden_size;
@@ -734,13 +823,27 @@ fn l2norm(x: &[f32]) -> Vec<f32> {
 
 /// softplus with torch's threshold: x above 20 passes through.
 fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
 }
 
 /// One delta-rule step on a head's state S [dk][dv]:
 /// S ← S·decay; S += k ⊗ β(v − Sᵀk); o = Sᵀq (reading the updated state).
 #[allow(clippy::too_many_arguments)]
-fn delta_rule_step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], decay: f32, beta: f32, dk: usize, dv: usize, o: &mut [f32]) {
+fn delta_rule_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    dk: usize,
+    dv: usize,
+    o: &mut [f32],
+) {
     s.iter_mut().for_each(|x| *x *= decay);
     let mut kv_mem = vec![0.0f32; dv];
     for d in 0..dk {
@@ -767,6 +870,8 @@ fn cast<T>(bytes: &[u8]) -> &[T] {
 /// Checks tensors against the configuration while loading.
 struct Loader<'a> {
     file: &'a Mlb,
+    /// Repack Q8_0 / Q4_0 matrices for `kernels::rows8`.
+    repack: bool,
 }
 
 impl Loader<'_> {
@@ -777,7 +882,10 @@ impl Loader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, String> {
         let t = self.info(name)?;
         if t.dims != [rows as u64, cols as u64] {
-            return Err(format!("{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]", self.file.path, t.dims));
+            return Err(format!(
+                "{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]",
+                self.file.path, t.dims
+            ));
         }
         let align = match t.ttype {
             TensorType::F32 | TensorType::Q8_0F32 | TensorType::Q4_0F32 => 4,
@@ -786,14 +894,30 @@ impl Loader<'_> {
         if self.file.tensor_bytes(t).as_ptr().align_offset(align) != 0 {
             return Err(format!("{}: tensor '{name}' is misaligned", self.file.path));
         }
-        Ok(Matrix { ttype: t.ttype, rows, cols, start: t.start, len: t.len })
+        let mut m = Matrix { ttype: t.ttype, rows, cols, start: t.start, len: t.len, packed: None };
+        if self.repack && rows >= ROWS8 {
+            let bytes = self.file.tensor_bytes(t);
+            let what = format!("{}: tensor '{name}'", self.file.path);
+            m.packed = match t.ttype {
+                TensorType::Q8_0 => {
+                    Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, rows8::Q8_X8_BIAS, &what)?))
+                }
+                TensorType::Q4_0 => Some(PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?)),
+                _ => None,
+            }
+            .map(Arc::new);
+        }
+        Ok(m)
     }
 
     /// A small 2-D f32/f16 tensor [rows, cols] copied out (convolution weights).
     fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, String> {
         let t = self.info(name)?;
         if t.dims != [rows as u64, cols as u64] {
-            return Err(format!("{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]", self.file.path, t.dims));
+            return Err(format!(
+                "{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]",
+                self.file.path, t.dims
+            ));
         }
         self.floats(name, t)
     }
@@ -802,7 +926,9 @@ impl Loader<'_> {
         let bytes = self.file.tensor_bytes(t);
         match t.ttype {
             TensorType::F32 => Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
-            TensorType::F16 => Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect()),
+            TensorType::F16 => {
+                Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect())
+            }
             other => Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name())),
         }
     }
@@ -921,7 +1047,11 @@ fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, wind
         let mut scores: Vec<f32> = (first..=pos)
             .map(|p| {
                 let s = kv.score(slot, p, kv_off, &query) * c.query_scale;
-                if c.attn_softcap > 0.0 { c.attn_softcap * (s / c.attn_softcap).tanh() } else { s }
+                if c.attn_softcap > 0.0 {
+                    c.attn_softcap * (s / c.attn_softcap).tanh()
+                } else {
+                    s
+                }
             })
             .collect();
         arch::softmax(&mut scores);

@@ -47,6 +47,77 @@ pub struct BlockQ4_0F32 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0F32>() == 20);
 
+/// Rows per interleaved group of the eight-row kernels (`kernels::rows8`).
+pub const ROWS8: usize = 8;
+
+/// Block b of eight consecutive Q8_0 rows, interleaved for the eight-row
+/// kernels: `d[k]` is row k's scale, `qs[32·i + 4·k + e]` is row k's quant
+/// 4·i + e XOR the build's bias (`repack_q8_x8`), so one 32-byte load holds
+/// four quants of each of the eight rows. Made at load time, in memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0x8 {
+    pub d: [f16; ROWS8],
+    pub qs: [u8; ROWS8 * QK],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0x8>() == 8 * 34);
+
+/// Block b of eight consecutive Q4_0 rows, interleaved as `BlockQ8_0x8`:
+/// `qs[32·i + 4·k + e]` is row k's nibble byte 4·i + e (elements 4·i + e
+/// and 16 + 4·i + e).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0x8 {
+    pub d: [f16; ROWS8],
+    pub qs: [u8; ROWS8 * QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
+
+/// Interleaves `bytes(row k, block b)` of eight-row groups into `out`:
+/// rows ⌊rows/8⌋·8 of a [rows][nb] matrix, group g's block b at g·nb + b.
+fn repack_x8<B, X>(w: &[B], nb: usize, what: &str, make: impl Fn([&B; ROWS8]) -> X) -> Result<Vec<X>, String> {
+    let groups = if nb == 0 { 0 } else { w.len() / nb / ROWS8 };
+    let mut out = Vec::new();
+    out.try_reserve_exact(groups * nb)
+        .map_err(|_| format!("out of memory repacking {what} ({} bytes)", groups * nb * std::mem::size_of::<X>()))?;
+    for g in 0..groups {
+        for b in 0..nb {
+            let rows: [&B; ROWS8] = std::array::from_fn(|k| &w[(g * ROWS8 + k) * nb + b]);
+            out.push(make(rows));
+        }
+    }
+    Ok(out)
+}
+
+/// The eight-row layout of a Q8_0 matrix with `nb` blocks per row (whole
+/// groups only; the last rows % 8 rows stay in `w`). Each quant is stored
+/// as its byte XOR `bias` (0x80: w + 128 as an unsigned byte, for kernels
+/// that multiply unsigned weights by signed activations).
+pub fn repack_q8_x8(w: &[BlockQ8_0], nb: usize, bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
+    repack_x8(w, nb, what, |rows| {
+        let mut x = BlockQ8_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK] };
+        for (k, r) in rows.iter().enumerate() {
+            for (j, &q) in r.qs.iter().enumerate() {
+                x.qs[32 * (j / 4) + 4 * k + j % 4] = q as u8 ^ bias;
+            }
+        }
+        x
+    })
+}
+
+/// The eight-row layout of a Q4_0 matrix (as `repack_q8_x8`, no bias).
+pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ4_0x8>, String> {
+    repack_x8(w, nb, what, |rows| {
+        let mut x = BlockQ4_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK / 2] };
+        for (k, r) in rows.iter().enumerate() {
+            for (j, &q) in r.qs.iter().enumerate() {
+                x.qs[32 * (j / 4) + 4 * k + j % 4] = q;
+            }
+        }
+        x
+    })
+}
+
 /// Activation block: x ≈ d · q, `sum` = Σ q (exact).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

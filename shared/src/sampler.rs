@@ -15,7 +15,15 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { temperature: 0.0, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -169,7 +177,14 @@ mod tests {
     #[test]
     fn distribution_follows_the_softmax() {
         let logits = [0.0f32, (3.0f32).ln()]; // probabilities 1/4, 3/4
-        let mut s = Sampler::new(SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        });
         let n = 20000;
         let ones = (0..n).filter(|_| s.sample(&logits, &[]) == 1).count();
         let frac = ones as f64 / n as f64;
@@ -179,9 +194,23 @@ mod tests {
     #[test]
     fn top_p_and_min_p_cut_the_tail() {
         let logits = [10.0f32, 9.0, 0.0, -5.0];
-        let mut s = Sampler::new(SamplerConfig { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 3, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        });
         assert!((0..500).all(|_| s.sample(&logits, &[]) == 0));
-        let mut s = Sampler::new(SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.2, seed: 3, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.2,
+            seed: 3,
+            ..Default::default()
+        });
         assert!((0..500).all(|_| s.sample(&logits, &[]) <= 1));
     }
 }

@@ -76,15 +76,10 @@ impl Tokenizer {
             ModelKind::ByteLevel => byte_level_ids(&vocab),
             ModelKind::SentencePiece => byte_token_ids(&raw.tokens, &raw.types)?,
         };
-        let added = AddedTokens::new(raw.tokens.iter().zip(&raw.types).enumerate().filter_map(
-            |(id, (t, &ty))| {
-                let verbatim = matches!(
-                    ty,
-                    format::TYPE_CONTROL | format::TYPE_USER | format::TYPE_UNKNOWN
-                );
-                verbatim.then_some((t.as_str(), id as u32))
-            },
-        ));
+        let added = AddedTokens::new(raw.tokens.iter().zip(&raw.types).enumerate().filter_map(|(id, (t, &ty))| {
+            let verbatim = matches!(ty, format::TYPE_CONTROL | format::TYPE_USER | format::TYPE_UNKNOWN);
+            verbatim.then_some((t.as_str(), id as u32))
+        }));
         let pieces = decoded_pieces(raw.kind, &raw.tokens, &raw.types);
         Ok(Tokenizer {
             kind: raw.kind,
@@ -210,8 +205,7 @@ impl Tokenizer {
                 continue;
             }
             if self.flag(format::FLAG_BYTE_FALLBACK) {
-                let ids: Option<Vec<u32>> =
-                    s.bytes().map(|b| self.byte_ids[usize::from(b)]).collect();
+                let ids: Option<Vec<u32>> = s.bytes().map(|b| self.byte_ids[usize::from(b)]).collect();
                 if let Some(ids) = ids {
                     self.flush_unk(&mut pending_unk, out);
                     out.extend(ids);
@@ -297,11 +291,7 @@ impl Tokenizer {
 
 /// Build pair -> (rank, merged id); the merged token must be in the vocabulary. A pair
 /// listed twice keeps its last rank, like HF's map construction.
-fn merge_table(
-    tokens: &[String],
-    merges: &[(u32, u32)],
-    vocab: &HashMap<Box<str>, u32>,
-) -> Result<MergeMap, String> {
+fn merge_table(tokens: &[String], merges: &[(u32, u32)], vocab: &HashMap<Box<str>, u32>) -> Result<MergeMap, String> {
     let mut table = MergeMap::with_capacity_and_hasher(merges.len(), Default::default());
     let mut joined = String::new();
     for (rank, &(a, b)) in merges.iter().enumerate() {
@@ -309,9 +299,7 @@ fn merge_table(
         joined.push_str(&tokens[a as usize]);
         joined.push_str(&tokens[b as usize]);
         let Some(&id) = vocab.get(joined.as_str()) else {
-            return Err(format!(
-                "merge {rank} ({a}, {b}): {joined:?} is not in the vocabulary"
-            ));
+            return Err(format!("merge {rank} ({a}, {b}): {joined:?} is not in the vocabulary"));
         };
         table.insert(pair_key(a, b), (rank as u32, id));
     }
@@ -345,8 +333,7 @@ fn byte_token_ids(tokens: &[String], types: &[u8]) -> Result<[Option<u32>; 256],
         if ty != format::TYPE_BYTE {
             continue;
         }
-        let b = byte_token_value(t)
-            .ok_or_else(|| format!("token {id} {t:?} has type byte but is not <0xNN>"))?;
+        let b = byte_token_value(t).ok_or_else(|| format!("token {id} {t:?} has type byte but is not <0xNN>"))?;
         ids[usize::from(b)].get_or_insert(id as u32);
     }
     Ok(ids)
@@ -357,14 +344,9 @@ fn byte_token_ids(tokens: &[String], types: &[u8]) -> Result<[Option<u32>; 256],
 fn decoded_pieces(kind: ModelKind, tokens: &[String], types: &[u8]) -> Vec<Box<[u8]>> {
     let inverse = pretok::char_to_byte();
     let byte_level = |t: &str| -> Box<[u8]> {
-        let mapped: Option<Vec<u8>> = t
-            .chars()
-            .map(|c| inverse.get(c as usize).copied().flatten())
-            .collect();
+        let mapped: Option<Vec<u8>> = t.chars().map(|c| inverse.get(c as usize).copied().flatten()).collect();
         // HF keeps a token's raw UTF-8 when any char is outside the byte map.
-        mapped
-            .unwrap_or_else(|| t.as_bytes().to_vec())
-            .into_boxed_slice()
+        mapped.unwrap_or_else(|| t.as_bytes().to_vec()).into_boxed_slice()
     };
     tokens
         .iter()

@@ -13,6 +13,10 @@ entry_points!(
     dot_q4,
     dot_q8_x4,
     dot_q4_x4,
+    dot_q8_r8,
+    dot_q4_r8,
+    dot_q8_r8_x4,
+    dot_q4_r8_x4,
     rmsnorm,
     softmax,
     axpy,
@@ -21,6 +25,7 @@ entry_points!(
     f16_to_f32,
     vexp
 );
+pub use imp::Q8_X8_BIAS;
 
 /// Σ_b (d_w·d_x)·isum_b in `portable`'s order for one weight row and N
 /// activation rows (N = 1: a dot product; N = 4: four tokens of a prompt):
@@ -97,13 +102,65 @@ macro_rules! sum_blocks8_n {
 #[allow(unused_imports)]
 pub(crate) use sum_blocks8_n;
 
+/// Σ_b (d_w·d_x)·isum_b for the eight interleaved rows of `quant::BlockQ8_0x8`
+/// / `BlockQ4_0x8` blocks (one vector lane per row) and N activation rows,
+/// in `portable`'s order: block b into accumulator b % 8 (multiply then
+/// add, no FMA), the eight accumulators combined as `portable::combine8`,
+/// so row k's result equals the single-row dot of row k bit for bit. Per
+/// block the weight side is made once (`|blk| wv`), then each token's exact
+/// block sums (`|wv, xb| isums`: eight i32 lanes, Q4's −8·Σq included). No
+/// horizontal reduction: the interleave puts four weights of every row in
+/// each 32-bit lane, multiplied by the same four activations (broadcast).
+/// The last nb % 8 blocks are one more pass with fewer blocks. A macro, so
+/// that all of it is inlined into the kernel.
+macro_rules! rows8_n {
+    (@step $n:tt, $acc:ident, $w:ident, $xs:ident, $i:ident, $r:ident, |$blk:ident| $wprep:expr,
+     |$wv:ident, $xb:ident| $isums:expr) => {{
+        use $crate::kernels::avx2::imp as a;
+        let _ = unroll!(8, |l| if l < $r {
+            let $blk = &$w[$i + l];
+            let $wv = $wprep;
+            let dw = a::scales_f16(&$blk.d);
+            let _ = unroll!($n, |t| {
+                let $xb = &$xs[t].blocks()[$i + l];
+                let s = $isums;
+                $acc[t][l] = a::fold_rows($acc[t][l], s, dw, $xb.d);
+            });
+        });
+    }};
+    ($n:tt, $w:expr, $xs:expr, |$blk:ident| $wprep:expr, |$wv:ident, $xb:ident| $isums:expr $(,)?) => {{
+        use core::arch::x86_64::*;
+        use $crate::kernels::avx2::imp as a;
+        let w = $w;
+        let xs: [$crate::quant::ActRef; $n] = $xs;
+        let nb = w.len();
+        let mut same_len = true;
+        for x in &xs {
+            same_len &= x.len() == nb;
+        }
+        assert!(same_len, "eight-row dot: {nb} weight blocks per row, activations differ");
+        let mut acc = [[_mm256_setzero_ps(); 8]; $n];
+        let mut i = 0usize;
+        while i + 8 <= nb {
+            let r = 8usize; // a constant: the block choices compile away
+            $crate::kernels::avx2::rows8_n!(@step $n, acc, w, xs, i, r, |$blk| $wprep, |$wv, $xb| $isums);
+            i += 8;
+        }
+        let r = nb - i;
+        $crate::kernels::avx2::rows8_n!(@step $n, acc, w, xs, i, r, |$blk| $wprep, |$wv, $xb| $isums);
+        unroll!($n, |t| a::combine_rows(acc[t]))
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use rows8_n;
+
 pub(super) mod imp {
     use core::arch::x86_64::*;
 
     use half::f16;
 
     use super::super::sse2::imp::{halves, ld16};
-    use crate::quant::{ActRef, Q4Block, Q8Block, QK, ZERO_Q4, ZERO_Q8};
+    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK, ZERO_Q4, ZERO_Q8};
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -447,6 +504,134 @@ pub(super) mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
+    }
+
+    /// Eight f16 scales as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn scales_f16(d: &[f16; 8]) -> __m256 {
+        // SAFETY: `d` points to 8 readable f16 (16 bytes); loadu needs no alignment.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(d.as_ptr() as *const __m128i) })
+    }
+
+    /// `rows8_n!`'s step for one block: acc + (d_w·d_x)·isums, lanes = rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn fold_rows(acc: __m256, s: __m256i, dw: __m256, dx: f32) -> __m256 {
+        let d = _mm256_mul_ps(dw, _mm256_set1_ps(dx));
+        _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)))
+    }
+
+    /// The eight rows' results from their eight accumulators: ((a0 + a4) +
+    /// (a1 + a5)) + ((a2 + a6) + (a3 + a7)) per lane, `portable::combine8`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn combine_rows(a: [__m256; 8]) -> [f32; 8] {
+        let h = |x, y| _mm256_add_ps(x, y);
+        let v = h(h(h(a[0], a[4]), h(a[1], a[5])), h(h(a[2], a[6]), h(a[3], a[7])));
+        let mut out = [0.0f32; 8];
+        st(&mut out, v);
+        out
+    }
+
+    /// Activation quants 4·g .. 4·g + 4 of a block, broadcast to every 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn bcast4(x: &BlockQ8Act, g: usize) -> __m256i {
+        let q = &x.qs[4 * g..4 * g + 4];
+        _mm256_set1_epi32(i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]))
+    }
+
+    /// 32 bytes of an interleaved block: four weights (or nibble bytes) of each of the eight rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn ld_rows(qs: &[u8], g: usize) -> __m256i {
+        let c: &[u8; 32] = qs[32 * g..32 * g + 32].try_into().unwrap();
+        // SAFETY: `c` points to 32 readable bytes; loadu needs no alignment.
+        unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
+    }
+
+    /// An interleaved Q4 block's nibbles: (low, high) of each 32-byte group.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn rows_nibbles(blk: &BlockQ4_0x8) -> [(__m256i, __m256i); 4] {
+        let m = _mm256_set1_epi8(0x0f);
+        unroll!(4, |g| {
+            let v = ld_rows(&blk.qs, g);
+            (_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16::<4>(v), m))
+        })
+    }
+
+    /// Eight rows' exact Σ nibble·q − 8·Σq for one block: u8 × i8 pair sums
+    /// (≤ 2·15·127 each) added in i16, eight of them per lane (≤ 30480, no
+    /// overflow), then widened.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
+        let mut s = _mm256_setzero_si256();
+        let _ = unroll!(4, |g| {
+            let lo = _mm256_maddubs_epi16(n[g].0, bcast4(x, g));
+            let hi = _mm256_maddubs_epi16(n[g].1, bcast4(x, 4 + g));
+            s = _mm256_add_epi16(s, _mm256_add_epi16(lo, hi));
+        });
+        let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+        _mm256_sub_epi32(s, _mm256_set1_epi32(8 * x.sum))
+    }
+
+    /// An interleaved Q8 block (bias 0: signed quants): (|w|, w) of each 32-byte group.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows_q8(blk: &BlockQ8_0x8) -> [(__m256i, __m256i); 8] {
+        unroll!(8, |g| {
+            let v = ld_rows(&blk.qs, g);
+            (_mm256_sign_epi8(v, v), v)
+        })
+    }
+
+    /// Eight rows' exact Σ w·q for one block: |w| × sign(q, w) pair sums
+    /// (≤ 2·128·127, activation quants in [-127, 127]) widened per group.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q8_rows_isums(w: &[(__m256i, __m256i); 8], x: &BlockQ8Act) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let p = unroll!(8, |g| {
+            let (u, v) = w[g];
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(bcast4(x, g), v)), ones)
+        });
+        let h = |a, b| _mm256_add_epi32(a, b);
+        h(h(h(p[0], p[1]), h(p[2], p[3])), h(h(p[4], p[5]), h(p[6], p[7])))
+    }
+
+    /// Bias of the quants in `BlockQ8_0x8` for these kernels: none (they need signed weights).
+    pub const Q8_X8_BIAS: u8 = 0;
+
+    /// Eight interleaved Q8 rows · one activation row: row k's result is
+    /// `dot_q8` of row k, bit for bit (`rows8_n!`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+        rows8_n!(1, w, [x], |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))[0]
+    }
+
+    /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
+    }
+
+    /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_n!(4, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
     }
 
     /// out = x / sqrt(mean(x²) + eps) · (w + offset); elementwise as `portable`.

@@ -9,13 +9,15 @@
 pub use super::avx2::vexp;
 pub use super::avx2::{axpy, dot_f16_f32, dot_f32, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax};
 
-entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4);
+entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+pub use imp::Q8_X8_BIAS;
 
 mod imp {
     use core::arch::x86_64::*;
 
-    use super::super::avx2::imp::{q4_dot_n, q8_dot_n};
-    use crate::quant::{ActRef, Q4Block, Q8Block};
+    use super::super::avx2::imp::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows_nibbles};
+    use super::super::avx2::rows8_n;
+    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
 
     /// A block's 32 u8 × i8 products (u = |w|, s = sign(x, w)) in eight exact i32 lanes.
     #[inline]
@@ -64,5 +66,70 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
+    }
+    /// Eight rows' exact Σ nibble·q − 8·Σq for one interleaved Q4 block:
+    /// unsigned nibbles straight into `vpdpbusd` (two chains), lanes = rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn q4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
+        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let _ = unroll!(4, |g| {
+            lo = _mm256_dpbusd_epi32(lo, n[g].0, bcast4(x, g));
+            hi = _mm256_dpbusd_epi32(hi, n[g].1, bcast4(x, 4 + g));
+        });
+        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
+    }
+
+    /// Bias of the quants in `BlockQ8_0x8` for these kernels: 0x80, each
+    /// weight stored as w + 128 in an unsigned byte, so `vpdpbusd` takes it directly.
+    pub const Q8_X8_BIAS: u8 = 0x80;
+
+    /// An interleaved Q8 block's eight 32-byte groups (w + 128, unsigned).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn rows_q8(blk: &BlockQ8_0x8) -> [__m256i; 8] {
+        unroll!(8, |g| ld_rows(&blk.qs, g))
+    }
+
+    /// Eight rows' exact Σ w·q for one block: Σ (w + 128)·q − 128·Σq, the
+    /// first by `vpdpbusd` in two chains (|Σ| ≤ 32·255·127, no overflow).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn q8_rows_isums(w: &[__m256i; 8], x: &BlockQ8Act) -> __m256i {
+        let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let _ = unroll!(4, |g| {
+            a = _mm256_dpbusd_epi32(a, w[2 * g], bcast4(x, 2 * g));
+            b = _mm256_dpbusd_epi32(b, w[2 * g + 1], bcast4(x, 2 * g + 1));
+        });
+        _mm256_sub_epi32(_mm256_add_epi32(a, b), _mm256_set1_epi32(128 * x.sum))
+    }
+
+    /// Eight interleaved Q8 rows · one activation row: row k's result is
+    /// `dot_q8` of row k, bit for bit (avx2.rs's `rows8_n!`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+        rows8_n!(1, w, [x], |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))[0]
+    }
+
+    /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
+    }
+
+    /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_n!(4, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
     }
 }

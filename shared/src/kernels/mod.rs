@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::quant::{ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32, QK};
+use crate::quant::{
+    ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
+};
 
 pub mod portable;
 
@@ -65,6 +67,34 @@ macro_rules! entry_points {
         pub fn dot_q4_x4<B: crate::quant::Q4Block>(w: &[B], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
             // SAFETY: see `entry_points!(@one dot_q8)`.
             unsafe { imp::dot_q4_x4(w, xs) }
+        }
+    };
+    (@one dot_q8_r8) => {
+        #[inline]
+        pub fn dot_q8_r8(w: &[crate::quant::BlockQ8_0x8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q8_r8(w, x) }
+        }
+    };
+    (@one dot_q4_r8) => {
+        #[inline]
+        pub fn dot_q4_r8(w: &[crate::quant::BlockQ4_0x8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q4_r8(w, x) }
+        }
+    };
+    (@one dot_q8_r8_x4) => {
+        #[inline]
+        pub fn dot_q8_r8_x4(w: &[crate::quant::BlockQ8_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q8_r8_x4(w, xs) }
+        }
+    };
+    (@one dot_q4_r8_x4) => {
+        #[inline]
+        pub fn dot_q4_r8_x4(w: &[crate::quant::BlockQ4_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_q4_r8_x4(w, xs) }
         }
     };
     (@one rmsnorm) => {
@@ -296,6 +326,31 @@ mod tokens4 {
     }
 }
 
+/// Eight weight rows at once over the interleaved layout
+/// (`quant::BlockQ8_0x8`, `BlockQ4_0x8`), for one token or four: the kernel
+/// set's own where it has them (`AVAILABLE`; the model then repacks its
+/// Q8_0 / Q4_0 matrices at load time), else `portable`'s reference, which
+/// only tests call. Row k's result is bit-identical to the single-row dot of
+/// row k.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+pub mod rows8 {
+    pub use super::arch::{dot_q4_r8, dot_q4_r8_x4, dot_q8_r8, dot_q8_r8_x4, Q8_X8_BIAS};
+    pub const AVAILABLE: bool = true;
+}
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+pub mod rows8 {
+    pub use super::portable::{dot_q4_r8, dot_q8_r8, Q8_X8_BIAS};
+    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8};
+    pub const AVAILABLE: bool = false;
+
+    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| dot_q8_r8(w, x))
+    }
+    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| dot_q4_r8(w, x))
+    }
+}
+
 /// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
 /// into f32 position and multiplied by 2^112 (exact for normals and
 /// subnormals), infinities and NaNs (quieted, as `half` does) patched in.
@@ -322,12 +377,23 @@ pub enum WeightData<'a> {
     Q4_0F32(&'a [BlockQ4_0F32]),
 }
 
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix again, in the eight-row
+/// interleaved layout (`rows8`): group g's block b at g·(cols/32) + b.
+#[derive(Clone, Copy)]
+pub enum Packed<'a> {
+    None,
+    Q8(&'a [BlockQ8_0x8]),
+    Q4(&'a [BlockQ4_0x8]),
+}
+
 /// A [rows, cols] weight matrix (row-major, cols contiguous).
 #[derive(Clone, Copy)]
 pub struct MatRef<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: WeightData<'a>,
+    /// The same rows interleaved for the eight-row kernels, when repacked.
+    pub packed: Packed<'a>,
 }
 
 impl<'a> MatRef<'a> {
@@ -359,6 +425,38 @@ impl<'a> MatRef<'a> {
             WeightData::Q4_0(w) => tokens4::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0F32(w) => tokens4::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::F32(_) | WeightData::F16(_) => [0, 1, 2, 3].map(|t| self.row_dot(r, x[t], xq[t])),
+        }
+    }
+
+    /// Rows r .. r + 8 with one input row, if they are a repacked group.
+    #[inline]
+    fn group_dot(&self, r: usize, xq: ActRef) -> Option<[f32; 8]> {
+        let b = self.cols / QK;
+        let g = r / ROWS8;
+        match self.packed {
+            Packed::Q8(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
+                Some(rows8::dot_q8_r8(&p[g * b..(g + 1) * b], xq))
+            }
+            Packed::Q4(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
+                Some(rows8::dot_q4_r8(&p[g * b..(g + 1) * b], xq))
+            }
+            _ => None,
+        }
+    }
+
+    /// Rows r .. r + 8 with four input rows, if they are a repacked group.
+    #[inline]
+    fn group_dot4(&self, r: usize, xq: [ActRef; 4]) -> Option<[[f32; 8]; 4]> {
+        let b = self.cols / QK;
+        let g = r / ROWS8;
+        match self.packed {
+            Packed::Q8(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
+                Some(rows8::dot_q8_r8_x4(&p[g * b..(g + 1) * b], xq))
+            }
+            Packed::Q4(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
+                Some(rows8::dot_q4_r8_x4(&p[g * b..(g + 1) * b], xq))
+            }
+            _ => None,
         }
     }
 
@@ -435,7 +533,8 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
     if n_tok == 1 {
         let (x, q) = one_token(0);
         let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
-        let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE);
+        // a multiple of 8, so that repacked groups are never split
+        let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
         let mut tasks: Vec<(&MatRef, usize, &mut [f32])> = Vec::new();
         for (w, out) in items.iter_mut() {
             for (i, o) in out.chunks_mut(chunk).enumerate() {
@@ -443,8 +542,18 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
             }
         }
         tasks.into_par_iter().for_each(|(w, r0, o)| {
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = w.row_dot(r0 + i, x, q);
+            let mut i = 0;
+            while i < o.len() {
+                match w.group_dot(r0 + i, q) {
+                    Some(v) if i + ROWS8 <= o.len() => {
+                        o[i..i + ROWS8].copy_from_slice(&v);
+                        i += ROWS8;
+                    }
+                    _ => {
+                        o[i] = w.row_dot(r0 + i, x, q);
+                        i += 1;
+                    }
+                }
             }
         });
         return;
@@ -460,16 +569,42 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
             while t + 4 <= n_tok {
                 let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
                 let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
-                for i in 0..rows {
-                    let v = w.row_dot4(r0 + i, x, q);
-                    o[i * n_tok + t..i * n_tok + t + 4].copy_from_slice(&v);
+                let mut i = 0;
+                while i < rows {
+                    match w.group_dot4(r0 + i, q) {
+                        Some(v) if i + ROWS8 <= rows => {
+                            for (k, row) in o[i * n_tok..(i + ROWS8) * n_tok].chunks_exact_mut(n_tok).enumerate() {
+                                for (j, by_token) in v.iter().enumerate() {
+                                    row[t + j] = by_token[k];
+                                }
+                            }
+                            i += ROWS8;
+                        }
+                        _ => {
+                            let v = w.row_dot4(r0 + i, x, q);
+                            o[i * n_tok + t..i * n_tok + t + 4].copy_from_slice(&v);
+                            i += 1;
+                        }
+                    }
                 }
                 t += 4;
             }
             for t in t..n_tok {
                 let (x, q) = one_token(t);
-                for i in 0..rows {
-                    o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
+                let mut i = 0;
+                while i < rows {
+                    match w.group_dot(r0 + i, q) {
+                        Some(v) if i + ROWS8 <= rows => {
+                            for (k, &val) in v.iter().enumerate() {
+                                o[(i + k) * n_tok + t] = val;
+                            }
+                            i += ROWS8;
+                        }
+                        _ => {
+                            o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
+                            i += 1;
+                        }
+                    }
                 }
             }
         });
@@ -636,6 +771,51 @@ mod tests {
                 let port = xo.map(|x| portable::dot_q4(wo, x).to_bits());
                 assert_eq!(bits(tokens4::dot_q4_x4(wo, xo)), port, "q4 x4 from block {start} nb={nb}");
                 assert_eq!(xo.map(|x| arch::dot_q4(wo, x).to_bits()), port, "q4 from block {start} nb={nb}");
+            }
+        }
+    }
+
+    /// The eight-row kernels (`rows8`, this build's and `portable`'s) over
+    /// repacked rows against the single-row dots, bit for bit: every row of
+    /// every group, one token and four, odd block counts, f16 scales that are
+    /// subnormal, huge, zero or infinite, quants including −128.
+    #[test]
+    fn eight_row_dots_equal_single_row_dots() {
+        use crate::quant::{repack_q4_x8, repack_q8_x8};
+        let mut rng = Rng(0x0123_4567_89ab_cdef);
+        for nb in (1..=34).chain([47, 64, 65, 191, 300]) {
+            let rows = 2 * ROWS8 + 3; // two groups and three rows left in the plain layout
+            let (mut w8, mut w4) = (q8_blocks(&mut rng, rows * nb), q4_blocks(&mut rng, rows * nb));
+            for (i, d) in
+                [f16::from_bits(1), f16::from_bits(0x3ff), f16::MAX, f16::ZERO, f16::INFINITY].into_iter().enumerate()
+            {
+                let at = (i * 7919) % (rows * nb);
+                w8[at].d = d;
+                w4[(at * 3) % (rows * nb)].d = d;
+            }
+            let p8 = repack_q8_x8(&w8, nb, rows8::Q8_X8_BIAS, "test").unwrap();
+            let p4 = repack_q4_x8(&w4, nb, "test").unwrap();
+            let (r8, r4) =
+                (repack_q8_x8(&w8, nb, portable::Q8_X8_BIAS, "test").unwrap(), repack_q4_x8(&w4, nb, "test").unwrap());
+            assert_eq!((p8.len(), p4.len()), (2 * nb, 2 * nb));
+            let acts: Vec<ActQ8> = (0..4).map(|_| act(&mut rng, nb).1).collect();
+            let xs = [0, 1, 2, 3].map(|t| acts[t].as_ref());
+            for g in 0..2 {
+                let blocks = g * nb..(g + 1) * nb;
+                let row = |k: usize| (g * ROWS8 + k) * nb..(g * ROWS8 + k + 1) * nb;
+                let bits8 = |v: [f32; 8]| v.map(f32::to_bits);
+                for (t, &x) in xs.iter().enumerate() {
+                    let want8: [u32; 8] = std::array::from_fn(|k| arch::dot_q8(&w8[row(k)], x).to_bits());
+                    let want4: [u32; 8] = std::array::from_fn(|k| arch::dot_q4(&w4[row(k)], x).to_bits());
+                    let port8: [u32; 8] = std::array::from_fn(|k| portable::dot_q8(&w8[row(k)], x).to_bits());
+                    assert_eq!(want8, port8, "q8 single-row dots against portable nb={nb}");
+                    assert_eq!(bits8(rows8::dot_q8_r8(&p8[blocks.clone()], x)), want8, "q8 r8 nb={nb} g={g}");
+                    assert_eq!(bits8(rows8::dot_q4_r8(&p4[blocks.clone()], x)), want4, "q4 r8 nb={nb} g={g}");
+                    assert_eq!(bits8(portable::dot_q8_r8(&r8[blocks.clone()], x)), want8, "portable q8 r8 nb={nb}");
+                    assert_eq!(bits8(portable::dot_q4_r8(&r4[blocks.clone()], x)), want4, "portable q4 r8 nb={nb}");
+                    assert_eq!(bits8(rows8::dot_q8_r8_x4(&p8[blocks.clone()], xs)[t]), want8, "q8 r8 x4 nb={nb} t={t}");
+                    assert_eq!(bits8(rows8::dot_q4_r8_x4(&p4[blocks.clone()], xs)[t]), want4, "q4 r8 x4 nb={nb} t={t}");
+                }
             }
         }
     }
@@ -920,18 +1100,27 @@ mod tests {
         let wf = rng.vec(rows * cols);
         let wh: Vec<f16> = wf.iter().map(|&v| f16::from_f32(v)).collect();
         let x = rng.vec(n_tok * cols);
+        let p8 = crate::quant::repack_q8_x8(&w8, cols / QK, rows8::Q8_X8_BIAS, "test").unwrap();
+        let p4 = crate::quant::repack_q4_x8(&w4, cols / QK, "test").unwrap();
         let datas = [
-            WeightData::Q4_0(&w4),
-            WeightData::Q8_0(&w8),
-            WeightData::Q8_0F32(&w8f),
-            WeightData::Q4_0F32(&w4f),
-            WeightData::F32(&wf),
-            WeightData::F16(&wh),
+            (WeightData::Q4_0(&w4), Packed::None),
+            (WeightData::Q8_0(&w8), Packed::None),
+            (WeightData::Q8_0F32(&w8f), Packed::None),
+            (WeightData::Q4_0F32(&w4f), Packed::None),
+            (WeightData::F32(&wf), Packed::None),
+            (WeightData::F16(&wh), Packed::None),
+            // the eight-row kernels: 32 rows in four groups, 5 left in the plain layout
+            (WeightData::Q4_0(&w4), Packed::Q4(&p4)),
+            (WeightData::Q8_0(&w8), Packed::Q8(&p8)),
         ];
-        for data in datas {
-            let m = MatRef { rows, cols, data };
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        for (data, packed) in datas {
+            let m = MatRef { rows, cols, data, packed };
             let mut batched = vec![0.0; n_tok * rows];
             matmul(&m, &Input::new(&x, cols), &mut batched);
+            let mut unpacked = vec![0.0; n_tok * rows];
+            matmul(&MatRef { packed: Packed::None, ..m }, &Input::new(&x, cols), &mut unpacked);
+            assert_eq!(bits(&batched), bits(&unpacked), "repacked rows give the plain layout's results");
             for threads in [1, 2, 3] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                 // other batch splits: 4 + 5 tokens
@@ -940,7 +1129,6 @@ mod tests {
                     matmul(&m, &Input::new(&x[..4 * cols], cols), &mut split[..4 * rows]);
                     matmul(&m, &Input::new(&x[4 * cols..], cols), &mut split[4 * rows..]);
                 });
-                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
                 assert_eq!(bits(&split), bits(&batched), "4+5 split, {threads} threads");
                 for t in 0..n_tok {
                     let mut single = vec![0.0; rows];
@@ -961,8 +1149,16 @@ mod tests {
         let x = rng.vec(cols);
         let mut out8 = vec![0.0; rows];
         let mut out4 = vec![0.0; rows];
-        matmul(&MatRef { rows, cols, data: WeightData::Q8_0(&w8) }, &Input::new(&x, cols), &mut out8);
-        matmul(&MatRef { rows, cols, data: WeightData::Q4_0(&w4) }, &Input::new(&x, cols), &mut out4);
+        matmul(
+            &MatRef { rows, cols, data: WeightData::Q8_0(&w8), packed: Packed::None },
+            &Input::new(&x, cols),
+            &mut out8,
+        );
+        matmul(
+            &MatRef { rows, cols, data: WeightData::Q4_0(&w4), packed: Packed::None },
+            &Input::new(&x, cols),
+            &mut out4,
+        );
         let mut wrow = vec![0.0f32; cols];
         for r in 0..rows {
             for (name, out, deq) in [("q8", &out8, 0), ("q4", &out4, 1)] {

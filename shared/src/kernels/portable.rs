@@ -9,7 +9,7 @@
 
 use half::f16;
 
-use crate::quant::{ActRef, Q4Block, Q8Block, QK};
+use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
 /// Σ a[i]·b[i] with eight interleaved partial sums combined pairwise.
 #[inline]
@@ -84,6 +84,47 @@ pub fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
         acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
     }
     combine8(acc)
+}
+
+/// Bias of the quants in `BlockQ8_0x8` for `dot_q8_r8` below: none.
+pub const Q8_X8_BIAS: u8 = 0;
+
+/// Eight interleaved Q8 rows (`quant::repack_q8_x8` with `Q8_X8_BIAS`) ·
+/// one activation row: row k's result is `dot_q8` of row k, same order.
+pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+        for (k, row) in acc.iter_mut().enumerate() {
+            let mut isum = 0i32;
+            for j in 0..QK {
+                let q = (bw.qs[32 * (j / 4) + 4 * k + j % 4] ^ Q8_X8_BIAS) as i8;
+                isum += q as i32 * bx.qs[j] as i32;
+            }
+            row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+        }
+    }
+    acc.map(combine8)
+}
+
+/// Eight interleaved Q4 rows (`quant::repack_q4_x8`) · one activation row:
+/// row k's result is `dot_q4` of row k, same order.
+pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+        for (k, row) in acc.iter_mut().enumerate() {
+            let mut isum = 0i32;
+            for j in 0..QK / 2 {
+                let byte = bw.qs[32 * (j / 4) + 4 * k + j % 4];
+                isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
+                isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
+            }
+            isum -= 8 * bx.sum;
+            row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+        }
+    }
+    acc.map(combine8)
 }
 
 /// ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).

@@ -69,6 +69,9 @@ pub struct ServerArgs {
     /// KV cache type: f32, f16 or q8.
     #[arg(long = "kv", default_value = "f32")]
     pub kv: String,
+    /// Keep Q8_0/Q4_0 weights only in the mapped file (no interleaved copy: slower, less memory).
+    #[arg(long)]
+    pub no_repack: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -162,7 +165,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
         .num_threads(threads)
         .build_global()
         .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-    let model = Model::load(&args.model)?;
+    let model = Model::load_with(&args.model, crate::model::LoadOptions { repack: !args.no_repack })?;
     let cfg = model.config.clone();
     if tokenizer.vocab_size() > cfg.vocab_size {
         return Err(format!(
@@ -175,6 +178,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
     let state = State::with_kv(&cfg, ctx, crate::kvcache::KvType::parse(&args.kv)?)?;
     let state_mib = state.bytes() as f64 / 1048576.0;
     let weights_mib = model.file.file_len() as f64 / 1048576.0;
+    let repacked_mib = model.repacked_bytes() as f64 / 1048576.0;
     let tokenizer = Arc::new(tokenizer);
     let queue = Engine::new(model, state, tokenizer.clone()).spawn(args.max_queue)?;
 
@@ -202,7 +206,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
         max_connections: args.max_queue + 64,
     });
     eprintln!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}), ctx {ctx}, memory: {weights_mib:.1} MiB weights (mapped) + {state_mib:.1} MiB KV cache",
+        "krafla: isa {ISA}, {threads} threads, model {} ({}), ctx {ctx}, memory: {weights_mib:.1} MiB weights (mapped) + {repacked_mib:.1} MiB repacked weights + {state_mib:.1} MiB KV cache",
         args.model.display(),
         cfg.arch,
     );

@@ -25,9 +25,7 @@ pub enum Segment<'t> {
 impl AddedTokens {
     /// Build the trie; for duplicate strings the first id wins. Empty strings are ignored.
     pub fn new<'a>(tokens: impl IntoIterator<Item = (&'a str, u32)>) -> AddedTokens {
-        let mut trie = AddedTokens {
-            nodes: vec![Node::default()],
-        };
+        let mut trie = AddedTokens { nodes: vec![Node::default()] };
         for (text, id) in tokens {
             if text.is_empty() {
                 continue;
@@ -42,11 +40,7 @@ impl AddedTokens {
     }
 
     fn child(&self, node: usize, b: u8) -> Option<usize> {
-        self.nodes[node]
-            .children
-            .iter()
-            .find(|c| c.0 == b)
-            .map(|c| c.1 as usize)
+        self.nodes[node].children.iter().find(|c| c.0 == b).map(|c| c.1 as usize)
     }
 
     fn child_or_insert(&mut self, node: usize, b: u8) -> usize {
@@ -112,17 +106,6 @@ mod tests {
         let mut v = vec![];
         t.split("x<a><b>y<a>\n\n\nz", |s| v.push(s));
         use Segment::*;
-        assert_eq!(
-            v,
-            [
-                Text("x"),
-                Token(2),
-                Text("y"),
-                Token(1),
-                Token(4),
-                Token(3),
-                Text("z")
-            ]
-        );
+        assert_eq!(v, [Text("x"), Token(2), Text("y"), Token(1), Token(4), Token(3), Text("z")]);
     }
 }

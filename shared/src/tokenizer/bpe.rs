@@ -105,11 +105,7 @@ mod tests {
     use super::*;
 
     fn table(entries: &[((u32, u32), u32)]) -> MergeMap {
-        entries
-            .iter()
-            .enumerate()
-            .map(|(rank, &((a, b), id))| (pair_key(a, b), (rank as u32, id)))
-            .collect()
+        entries.iter().enumerate().map(|(rank, &((a, b), id))| (pair_key(a, b), (rank as u32, id))).collect()
     }
 
     #[test]

@@ -130,9 +130,7 @@ impl<'a> Reader<'a> {
             return Err(format!("{what} {n} exceeds the limit {max}"));
         }
         let n = n as usize;
-        let need = n
-            .checked_mul(entry_size)
-            .ok_or_else(|| format!("{what} {n} overflows"))?;
+        let need = n.checked_mul(entry_size).ok_or_else(|| format!("{what} {n} overflows"))?;
         if need > self.remaining() {
             return Err(format!(
                 "truncated file: {what} {n} needs at least {need} bytes at offset {}, only {} left",
@@ -167,9 +165,7 @@ fn optional_id(v: i32, what: &str, n_vocab: usize) -> Result<Option<u32>, String
     match v {
         -1 => Ok(None),
         v if v >= 0 && (v as usize) < n_vocab => Ok(Some(v as u32)),
-        v => Err(format!(
-            "{what} {v} is out of range (vocabulary has {n_vocab} tokens)"
-        )),
+        v => Err(format!("{what} {v} is out of range (vocabulary has {n_vocab} tokens)")),
     }
 }
 
@@ -182,9 +178,7 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
     }
     let version = r.u32("version")?;
     if version != VERSION {
-        return Err(format!(
-            "unsupported version {version} (expected {VERSION})"
-        ));
+        return Err(format!("unsupported version {version} (expected {VERSION})"));
     }
     let kind = model_kind(r.u32("model kind")?)?;
     let pretok = pre_tokenizer(r.u32("pre-tokenizer")?)?;
@@ -218,9 +212,7 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
         let what = format!("merge {i}");
         let (a, b) = (r.u32(&what)?, r.u32(&what)?);
         if a as usize >= n_vocab || b as usize >= n_vocab {
-            return Err(format!(
-                "{what} ({a}, {b}) is out of range (vocabulary has {n_vocab} tokens)"
-            ));
+            return Err(format!("{what} ({a}, {b}) is out of range (vocabulary has {n_vocab} tokens)"));
         }
         merges.push((a, b));
     }

@@ -12,13 +12,7 @@ fn byte_level_raw() -> RawTokenizer {
     let mut tokens: Vec<String> = map.iter().map(|c| c.to_string()).collect();
     let mut types = vec![TYPE_NORMAL; 256];
     let mut merges = vec![];
-    for (a, b) in [
-        ("h", "e"),
-        ("Ġ", "w"),
-        ("l", "l"),
-        ("he", "ll"),
-        ("hell", "o"),
-    ] {
+    for (a, b) in [("h", "e"), ("Ġ", "w"), ("l", "l"), ("he", "ll"), ("hell", "o")] {
         let id = |t: &str, tokens: &Vec<String>| tokens.iter().position(|x| x == t).unwrap() as u32;
         merges.push((id(a, &tokens), id(b, &tokens)));
         tokens.push(format!("{a}{b}"));
@@ -92,15 +86,7 @@ fn byte_level_encode_decode() {
     let t = load(&byte_level_raw());
     let id = |s: &str| t.token_id(s).unwrap();
     let ids = t.encode("hello world<|end|>", false);
-    let expect = [
-        id("hello"),
-        id("Ġw"),
-        id("o"),
-        id("r"),
-        id("l"),
-        id("d"),
-        id("<|end|>"),
-    ];
+    let expect = [id("hello"), id("Ġw"), id("o"), id("r"), id("l"), id("d"), id("<|end|>")];
     assert_eq!(ids, expect);
     assert_eq!(t.decode(&ids), b"hello world<|end|>");
     assert_eq!(streamed(&t, &ids), t.decode(&ids));
@@ -122,11 +108,7 @@ fn sentencepiece_encode_decode() {
     let expect: Vec<u32> = [1, id("▁hi"), id("▁hi")].into_iter().chain(euro).collect();
     assert_eq!(ids, expect);
     assert_eq!(t.decode(&ids), "<s> hi hi€".as_bytes());
-    assert_eq!(
-        t.decode(&ids[1..]),
-        "hi hi€".as_bytes(),
-        "prefix space stripped"
-    );
+    assert_eq!(t.decode(&ids[1..]), "hi hi€".as_bytes(), "prefix space stripped");
     assert_eq!(streamed(&t, &ids[1..]), t.decode(&ids[1..]));
     assert_eq!(streamed(&t, &ids), t.decode(&ids));
     assert_eq!(t.encode("", true), vec![1]);
@@ -141,10 +123,7 @@ fn valid_files_load_from_disk() {
     std::fs::write(&path, write(&spm_raw(), None)).unwrap();
     assert!(Tokenizer::load(&path).is_ok());
     let err = Tokenizer::load(&dir.join("missing.mlt")).err().unwrap();
-    assert!(err.starts_with(&format!(
-        "{}: cannot read",
-        dir.join("missing.mlt").display()
-    )));
+    assert!(err.starts_with(&format!("{}: cannot read", dir.join("missing.mlt").display())));
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -183,10 +162,7 @@ fn every_truncation_is_an_error() {
         for len in 0..full.len() {
             let e = Tokenizer::from_bytes(&full[..len], "cut.mlt").err();
             let e = e.unwrap_or_else(|| panic!("accepted a file cut at {len} bytes"));
-            assert!(
-                e.starts_with("cut.mlt: ") && e.contains("truncated"),
-                "{len}: {e}"
-            );
+            assert!(e.starts_with("cut.mlt: ") && e.contains("truncated"), "{len}: {e}");
         }
         assert!(Tokenizer::from_bytes(&full, "ok.mlt").is_ok());
     }
