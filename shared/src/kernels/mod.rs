@@ -332,12 +332,12 @@ mod tokens4 {
 /// Q8_0 / Q4_0 matrices at load time), else `portable`'s reference, which
 /// only tests call. Row k's result is bit-identical to the single-row dot of
 /// row k.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+#[cfg(target_arch = "x86_64")]
 pub mod rows8 {
     pub use super::arch::{dot_q4_r8, dot_q4_r8_x4, dot_q8_r8, dot_q8_r8_x4, Q8_X8_BIAS};
     pub const AVAILABLE: bool = true;
 }
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+#[cfg(not(target_arch = "x86_64"))]
 pub mod rows8 {
     pub use super::portable::{dot_q4_r8, dot_q8_r8, Q8_X8_BIAS};
     use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8};
@@ -608,11 +608,20 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
                 }
             }
         });
-        for t in 0..n_tok {
-            for r in 0..w.rows {
-                out[t * w.rows + r] = by_row[r * n_tok + t];
+        // [rows][tokens] → [tokens][rows], in tiles of 16 rows so that the
+        // rows being read stay in cache; tokens split across threads
+        let rows = w.rows;
+        out.par_chunks_mut(rows * 16).enumerate().for_each(|(chunk, o)| {
+            let t0 = chunk * 16;
+            for r0 in (0..rows).step_by(16) {
+                for (dt, o_t) in o.chunks_exact_mut(rows).enumerate() {
+                    let t = t0 + dt;
+                    for r in r0..(r0 + 16).min(rows) {
+                        o_t[r] = by_row[r * n_tok + t];
+                    }
+                }
             }
-        }
+        });
     }
 }
 

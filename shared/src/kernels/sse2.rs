@@ -20,6 +20,10 @@ entry_points!(
     dot_q4,
     dot_q8_x4,
     dot_q4_x4,
+    dot_q8_r8,
+    dot_q4_r8,
+    dot_q8_r8_x4,
+    dot_q4_r8_x4,
     rmsnorm,
     softmax,
     axpy,
@@ -28,6 +32,7 @@ entry_points!(
     f16_to_f32,
     vexp
 );
+pub use imp::Q8_X8_BIAS;
 
 /// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8 of
 /// two 4-lane accumulators (multiply then add), combined as
@@ -164,13 +169,60 @@ macro_rules! sum_blocks8_x4 {
 #[allow(unused_imports)]
 pub(crate) use sum_blocks8_x4;
 
+/// Σ_b (d_w·d_x)·isum_b for the eight interleaved rows of
+/// `quant::BlockQ8_0x8` / `BlockQ4_0x8` blocks (rows 0..4 and 4..8 in two
+/// vectors of lanes) and N activation rows, in `portable`'s order: block b
+/// into accumulator b % 8 (multiply then add), the eight combined as
+/// `portable::combine8`, so row k's result equals the single-row dot of row
+/// k bit for bit. `|blk, xb| isums` gives one block's exact sums for the
+/// eight rows (Q4's −8·Σq included). As avx2.rs's `rows8_n!`, at SSE width;
+/// shared by the SSE4.1 build.
+macro_rules! rows8_sse {
+    (@step $n:tt, $acc:ident, $w:ident, $xs:ident, $i:ident, $r:ident, |$blk:ident, $xb:ident| $isums:expr) => {{
+        use $crate::kernels::sse2::imp as a;
+        let _ = unroll!(8, |l| if l < $r {
+            let $blk = &$w[$i + l];
+            let dw = a::scales_rows(&$blk.d);
+            let _ = unroll!($n, |t| {
+                let $xb = &$xs[t].blocks()[$i + l];
+                let s: [__m128i; 2] = $isums;
+                $acc[t][l] = a::fold_rows($acc[t][l], s, dw, $xb.d);
+            });
+        });
+    }};
+    ($n:tt, $w:expr, $xs:expr, |$blk:ident, $xb:ident| $isums:expr $(,)?) => {{
+        use core::arch::x86_64::*;
+        use $crate::kernels::sse2::imp as a;
+        let w = $w;
+        let xs: [$crate::quant::ActRef; $n] = $xs;
+        let nb = w.len();
+        let mut same_len = true;
+        for x in &xs {
+            same_len &= x.len() == nb;
+        }
+        assert!(same_len, "eight-row dot: {nb} weight blocks per row, activations differ");
+        let mut acc = [[[_mm_setzero_ps(); 2]; 8]; $n];
+        let mut i = 0usize;
+        while i + 8 <= nb {
+            let r = 8usize; // a constant: the block choices compile away
+            $crate::kernels::sse2::rows8_sse!(@step $n, acc, w, xs, i, r, |$blk, $xb| $isums);
+            i += 8;
+        }
+        let r = nb - i;
+        $crate::kernels::sse2::rows8_sse!(@step $n, acc, w, xs, i, r, |$blk, $xb| $isums);
+        unroll!($n, |t| a::combine_rows(acc[t]))
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use rows8_sse;
+
 pub(super) mod imp {
     use core::arch::x86_64::*;
 
     use half::f16;
 
     use super::super::f16_bits_to_f32;
-    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
+    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -361,20 +413,7 @@ pub(super) mod imp {
     pub(crate) fn scales8(f16: bool, bits: impl Fn(usize) -> u32) -> (__m128, __m128) {
         if f16 {
             let h = |j| bits(j) as u16 as i16;
-            let v = _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7));
-            let exp_mask = _mm_set1_epi16(0x7c00);
-            if _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, exp_mask), exp_mask)) == 0 {
-                // no infinity or NaN among the eight (weight scales never are): `cvt_f16x4` without its patch-up
-                let finite = |h: __m128i| {
-                    let rest = _mm_slli_epi32::<13>(_mm_and_si128(h, _mm_set1_epi32(0x7fff)));
-                    let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
-                    let m = _mm_mul_ps(_mm_castsi128_ps(rest), _mm_set1_ps(f32::from_bits(0x7780_0000)));
-                    _mm_or_ps(m, _mm_castsi128_ps(sign))
-                };
-                let z = _mm_setzero_si128();
-                return (finite(_mm_unpacklo_epi16(v, z)), finite(_mm_unpackhi_epi16(v, z)));
-            }
-            (cvt_f16x4(v), cvt_f16x4(_mm_unpackhi_epi64(v, v)))
+            cvt_f16x8(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
         } else {
             let f = |j| bits(j) as i32;
             (
@@ -382,6 +421,150 @@ pub(super) mod imp {
                 _mm_castsi128_ps(_mm_setr_epi32(f(4), f(5), f(6), f(7))),
             )
         }
+    }
+
+    /// Eight f16 (one vector) as two f32 vectors (lanes 0..4, 4..8), exactly.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn cvt_f16x8(v: __m128i) -> (__m128, __m128) {
+        let exp_mask = _mm_set1_epi16(0x7c00);
+        if _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, exp_mask), exp_mask)) == 0 {
+            // no infinity or NaN among the eight (weight scales never are): `cvt_f16x4` without its patch-up
+            let finite = |h: __m128i| {
+                let rest = _mm_slli_epi32::<13>(_mm_and_si128(h, _mm_set1_epi32(0x7fff)));
+                let sign = _mm_slli_epi32::<16>(_mm_and_si128(h, _mm_set1_epi32(0x8000)));
+                let m = _mm_mul_ps(_mm_castsi128_ps(rest), _mm_set1_ps(f32::from_bits(0x7780_0000)));
+                _mm_or_ps(m, _mm_castsi128_ps(sign))
+            };
+            let z = _mm_setzero_si128();
+            return (finite(_mm_unpacklo_epi16(v, z)), finite(_mm_unpackhi_epi16(v, z)));
+        }
+        (cvt_f16x4(v), cvt_f16x4(_mm_unpackhi_epi64(v, v)))
+    }
+
+    /// `rows8_sse!`'s step for one block: acc + (d_w·d_x)·isums, lanes =
+    /// rows (0..4, 4..8).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn fold_rows(acc: [__m128; 2], s: [__m128i; 2], dw: (__m128, __m128), dx: f32) -> [__m128; 2] {
+        let dx = _mm_set1_ps(dx);
+        let (d0, d1) = (_mm_mul_ps(dw.0, dx), _mm_mul_ps(dw.1, dx));
+        [
+            _mm_add_ps(acc[0], _mm_mul_ps(d0, _mm_cvtepi32_ps(s[0]))),
+            _mm_add_ps(acc[1], _mm_mul_ps(d1, _mm_cvtepi32_ps(s[1]))),
+        ]
+    }
+
+    /// The eight rows' results from their eight accumulators, `portable::combine8` per lane.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn combine_rows(a: [[__m128; 2]; 8]) -> [f32; 8] {
+        let mut out = [0.0f32; 8];
+        for h in 0..2 {
+            let p = |x: usize, y: usize| _mm_add_ps(a[x][h], a[y][h]);
+            let v = _mm_add_ps(_mm_add_ps(p(0, 4), p(1, 5)), _mm_add_ps(p(2, 6), p(3, 7)));
+            st(&mut out[4 * h..4 * h + 4], v);
+        }
+        out
+    }
+
+    /// The eight rows' f16 scales of an interleaved block as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn scales_rows(d: &[f16; 8]) -> (__m128, __m128) {
+        // SAFETY: `d` points to 8 readable f16 (16 bytes); loadu needs no alignment.
+        cvt_f16x8(unsafe { _mm_loadu_si128(d.as_ptr() as *const __m128i) })
+    }
+
+    /// Activation quants 4·g .. 4·g + 4 of a block, broadcast to every 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn bcast4(x: &BlockQ8Act, g: usize) -> __m128i {
+        let q = &x.qs[4 * g..4 * g + 4];
+        _mm_set1_epi32(i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8]))
+    }
+
+    /// Bytes 16·v .. 16·v + 16 of an interleaved block's quants: four bytes of
+    /// each of rows 0..4 (v even) or 4..8 (v odd) of one group.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(crate) fn ld_rows(qs: &[u8], v: usize) -> __m128i {
+        ld16(qs[16 * v..16 * v + 16].try_into().unwrap())
+    }
+
+    /// Eight rows' exact Σ w·q for one interleaved Q8 block (bias 0), lanes =
+    /// rows: i8 × i8 products through `madd_i8`, the broadcast activations'
+    /// even and odd bytes made once for both halves.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn q8_rows_isums(blk: &BlockQ8_0x8, x: &BlockQ8Act) -> [__m128i; 2] {
+        let mut s = [_mm_setzero_si128(); 2];
+        let _ = unroll!(8, |g| {
+            let b = bcast4(x, g);
+            let (be, bo) = (even_i8(b), _mm_srai_epi16::<8>(b));
+            let _ = unroll!(2, |h| {
+                let v = ld_rows(&blk.qs, 2 * g + h);
+                let p = _mm_add_epi32(_mm_madd_epi16(even_i8(v), be), _mm_madd_epi16(_mm_srai_epi16::<8>(v), bo));
+                s[h] = _mm_add_epi32(s[h], p);
+            });
+        });
+        s
+    }
+
+    /// Eight rows' exact Σ nibble·q − 8·Σq for one interleaved Q4 block: each
+    /// 16-bit lane's four nibbles (even byte low/high, odd byte low/high)
+    /// isolated as i16 and multiplied by the matching activations.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn q4_rows_isums(blk: &BlockQ4_0x8, x: &BlockQ8Act) -> [__m128i; 2] {
+        let mut s = [_mm_setzero_si128(); 2];
+        let m = _mm_set1_epi16(0x000f);
+        let _ = unroll!(4, |g| {
+            let (lo, hi) = (bcast4(x, g), bcast4(x, 4 + g));
+            let (le, lo_odd, he, ho) = (even_i8(lo), _mm_srai_epi16::<8>(lo), even_i8(hi), _mm_srai_epi16::<8>(hi));
+            let _ = unroll!(2, |h| {
+                let v = ld_rows(&blk.qs, 2 * g + h);
+                let p0 = _mm_madd_epi16(_mm_and_si128(v, m), le);
+                let p1 = _mm_madd_epi16(_mm_and_si128(_mm_srli_epi16::<8>(v), m), lo_odd);
+                let p2 = _mm_madd_epi16(_mm_and_si128(_mm_srli_epi16::<4>(v), m), he);
+                let p3 = _mm_madd_epi16(_mm_srli_epi16::<12>(v), ho);
+                s[h] = _mm_add_epi32(s[h], _mm_add_epi32(_mm_add_epi32(p0, p1), _mm_add_epi32(p2, p3)));
+            });
+        });
+        let o = _mm_set1_epi32(8 * x.sum);
+        [_mm_sub_epi32(s[0], o), _mm_sub_epi32(s[1], o)]
+    }
+
+    /// Bias of the quants in `BlockQ8_0x8` for these kernels: none.
+    pub const Q8_X8_BIAS: u8 = 0;
+
+    /// Eight interleaved Q8 rows · one activation row: row k's result is
+    /// `dot_q8` of row k, bit for bit (`rows8_sse!`).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+        rows8_sse!(1, w, [x], |blk, xb| q8_rows_isums(blk, xb))[0]
+    }
+
+    /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+        rows8_sse!(1, w, [x], |blk, xb| q4_rows_isums(blk, xb))[0]
+    }
+
+    /// Eight interleaved Q8 rows · four activation rows.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_sse!(4, w, xs, |blk, xb| q8_rows_isums(blk, xb))
+    }
+
+    /// Eight interleaved Q4 rows · four activation rows.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        rows8_sse!(4, w, xs, |blk, xb| q4_rows_isums(blk, xb))
     }
 
     /// −8·Σq of activation blocks i..i+8 as i32 lanes 0..4, 4..8: Q4's offset.
