@@ -7,7 +7,7 @@
 
 use half::f16;
 
-use crate::kernels::arch;
+use crate::kernels::{arch, kv_rows};
 use crate::quant::{dequant_q8, BlockQ8Act, BlockQ8_0, QK};
 
 /// Element type of the cache.
@@ -167,6 +167,48 @@ impl KvCache {
     }
 
     /// out += w · v for the head at `head_off` of position `pos`.
+    /// out[i] = `score` of positions first + i (a run of the cache), f32
+    /// caches through the several-rows kernel (same results).
+    pub fn scores(&self, slot: usize, first: usize, head_off: usize, q: &Query, out: &mut [f32]) {
+        match &self.keys {
+            Store::F32(v) if !out.is_empty() => {
+                let at = self.offset(slot, first) + head_off;
+                let end = at + (out.len() - 1) * self.row + q.x.len();
+                kv_rows::dot_f32_rows(q.x, &v[at..end], self.row, out);
+            }
+            _ => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self.score(slot, first + i, head_off, q);
+                }
+            }
+        }
+    }
+
+    /// out += Σ_i weights[i]·value(first + i), in order: `accumulate_value`
+    /// for each position, f32 caches through the several-rows kernel (same results).
+    pub fn accumulate_values(
+        &self,
+        slot: usize,
+        first: usize,
+        head_off: usize,
+        weights: &[f32],
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        match &self.values {
+            Store::F32(v) if !weights.is_empty() => {
+                let at = self.offset(slot, first) + head_off;
+                let end = at + (weights.len() - 1) * self.row + out.len();
+                kv_rows::axpy_rows(weights, &v[at..end], self.row, out);
+            }
+            _ => {
+                for (i, &w) in weights.iter().enumerate() {
+                    self.accumulate_value(slot, first + i, head_off, w, out, scratch);
+                }
+            }
+        }
+    }
+
     pub fn accumulate_value(
         &self,
         slot: usize,

@@ -1044,22 +1044,18 @@ fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, wind
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
         let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
         let kv_off = (h / group) * hd;
-        let mut scores: Vec<f32> = (first..=pos)
-            .map(|p| {
-                let s = kv.score(slot, p, kv_off, &query) * c.query_scale;
-                if c.attn_softcap > 0.0 {
-                    c.attn_softcap * (s / c.attn_softcap).tanh()
-                } else {
-                    s
-                }
-            })
-            .collect();
+        let mut scores = vec![0.0f32; pos + 1 - first];
+        kv.scores(slot, first, kv_off, &query, &mut scores);
+        for s in scores.iter_mut() {
+            *s *= c.query_scale;
+            if c.attn_softcap > 0.0 {
+                *s = c.attn_softcap * (*s / c.attn_softcap).tanh();
+            }
+        }
         arch::softmax(&mut scores);
         o.fill(0.0);
         let mut scratch = vec![0.0f32; hd];
-        for (p, &w) in (first..=pos).zip(&scores) {
-            kv.accumulate_value(slot, p, kv_off, w, o, &mut scratch);
-        }
+        kv.accumulate_values(slot, first, kv_off, &scores, o, &mut scratch);
     });
 }
 

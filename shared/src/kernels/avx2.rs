@@ -17,6 +17,8 @@ entry_points!(
     dot_q4_r8,
     dot_q8_r8_x4,
     dot_q4_r8_x4,
+    dot_f32_rows,
+    axpy_rows,
     rmsnorm,
     softmax,
     axpy,
@@ -504,6 +506,70 @@ pub(super) mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
+    }
+
+    /// out[p] = `dot_f32`(q, row p) for rows p at `rows[p·stride..]`, bit
+    /// for bit: four rows at a time (independent chains, `q` loaded once for
+    /// the four), their eight-lane sums combined as `hsum` does in one
+    /// transposed step, then each row's scalar tail added.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = q.len();
+        let full = n / 8 * 8;
+        let mut p = 0;
+        while p + 4 <= out.len() {
+            let r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < full {
+                let qv = ld(&q[c..c + 8]);
+                acc = unroll!(4, |j| _mm256_add_ps(acc[j], _mm256_mul_ps(qv, ld(&r[j][c..c + 8]))));
+                c += 8;
+            }
+            // per row ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)), as `hsum`
+            let t = unroll!(4, |j| _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps::<1>(acc[j])));
+            let s = _mm_hadd_ps(_mm_hadd_ps(t[0], t[1]), _mm_hadd_ps(t[2], t[3]));
+            let mut sums = [0.0f32; 4];
+            // SAFETY: `sums` is 4 writable f32; storeu needs no alignment.
+            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), s) };
+            for j in 0..4 {
+                let mut tail = 0.0f32;
+                for c in full..n {
+                    tail += q[c] * r[j][c];
+                }
+                out[p + j] = sums[j] + tail;
+            }
+            p += 4;
+        }
+        for p in p..out.len() {
+            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }
+
+    /// out += w[p]·row p for p in order (rows at `rows[p·stride..]`), each
+    /// element exactly as `axpy` row after row: out kept in registers, 64
+    /// elements at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = out.len();
+        let mut c0 = 0;
+        while c0 + 64 <= n {
+            let mut o = unroll!(8, |k| ld(&out[c0 + 8 * k..c0 + 8 * k + 8]));
+            for (p, &a) in w.iter().enumerate() {
+                let row = &rows[p * stride + c0..p * stride + c0 + 64];
+                let va = _mm256_set1_ps(a);
+                o = unroll!(8, |k| _mm256_add_ps(o[k], _mm256_mul_ps(va, ld(&row[8 * k..8 * k + 8]))));
+            }
+            let _ = unroll!(8, |k| st(&mut out[c0 + 8 * k..c0 + 8 * k + 8], o[k]));
+            c0 += 64;
+        }
+        if c0 < n {
+            for (p, &a) in w.iter().enumerate() {
+                axpy(a, &rows[p * stride + c0..p * stride + n], &mut out[c0..]);
+            }
+        }
     }
 
     /// Eight f16 scales as f32 lanes.

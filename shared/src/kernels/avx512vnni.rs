@@ -7,7 +7,9 @@
 
 #[cfg(test)]
 pub use super::avx2::vexp;
-pub use super::avx2::{axpy, dot_f16_f32, dot_f32, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax};
+pub use super::avx2::{
+    axpy, axpy_rows, dot_f16_f32, dot_f32, dot_f32_rows, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax,
+};
 
 entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
 pub use imp::Q8_X8_BIAS;

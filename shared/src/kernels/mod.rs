@@ -97,6 +97,20 @@ macro_rules! entry_points {
             unsafe { imp::dot_q4_r8_x4(w, xs) }
         }
     };
+    (@one dot_f32_rows) => {
+        #[inline]
+        pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::dot_f32_rows(q, rows, stride, out) }
+        }
+    };
+    (@one axpy_rows) => {
+        #[inline]
+        pub fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one dot_q8)`.
+            unsafe { imp::axpy_rows(w, rows, stride, out) }
+        }
+    };
     (@one rmsnorm) => {
         #[inline]
         pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
@@ -348,6 +362,34 @@ pub mod rows8 {
     }
     pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| dot_q4_r8(w, x))
+    }
+}
+
+/// Attention over f32 rows of the KV cache (row p at `rows[p·stride..]`):
+/// `dot_f32_rows` (out[p] = dot_f32(q, row p)) and `axpy_rows` (out +=
+/// w[p]·row p, p in order). The x86 kernel sets have their own (several rows
+/// per step, results bit-identical to the single-row kernels); elsewhere
+/// the single-row kernels in a loop.
+#[cfg(target_arch = "x86_64")]
+pub mod kv_rows {
+    pub use super::arch::{axpy_rows, dot_f32_rows};
+}
+#[cfg(not(target_arch = "x86_64"))]
+pub mod kv_rows {
+    use super::arch;
+
+    pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = q.len();
+        for (p, o) in out.iter_mut().enumerate() {
+            *o = arch::dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }
+
+    pub fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = out.len();
+        for (p, &a) in w.iter().enumerate() {
+            arch::axpy(a, &rows[p * stride..p * stride + n], out);
+        }
     }
 }
 
@@ -825,6 +867,37 @@ mod tests {
                     assert_eq!(bits8(rows8::dot_q8_r8_x4(&p8[blocks.clone()], xs)[t]), want8, "q8 r8 x4 nb={nb} t={t}");
                     assert_eq!(bits8(rows8::dot_q4_r8_x4(&p4[blocks.clone()], xs)[t]), want4, "q4 r8 x4 nb={nb} t={t}");
                 }
+            }
+        }
+    }
+
+    /// Attention's several-rows kernels (`kv_rows`) against the single-row
+    /// kernels, bit for bit: lengths that are not multiples of the vector
+    /// width, row counts around the four-row step, a stride wider than a row.
+    #[test]
+    fn kv_row_kernels_equal_single_row_kernels() {
+        let mut rng = Rng(0xa77e_0000_0000_0001);
+        for n in (1..=20).chain([31, 32, 33, 63, 64, 65, 96, 128, 129, 256]) {
+            for count in [1, 3, 4, 5, 8, 9, 17] {
+                let stride = n + 7;
+                let rows = rng.vec(stride * count);
+                let q = rng.vec(n);
+                let mut got = vec![0.0f32; count];
+                kv_rows::dot_f32_rows(&q, &rows, stride, &mut got);
+                for (p, &g) in got.iter().enumerate() {
+                    let want = arch::dot_f32(&q, &rows[p * stride..p * stride + n]);
+                    assert_eq!(g.to_bits(), want.to_bits(), "dot_f32_rows n={n} count={count} row {p}");
+                }
+                let w = rng.vec(count);
+                let start = rng.vec(n);
+                let mut got = start.clone();
+                kv_rows::axpy_rows(&w, &rows, stride, &mut got);
+                let mut want = start;
+                for (p, &a) in w.iter().enumerate() {
+                    arch::axpy(a, &rows[p * stride..p * stride + n], &mut want);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&got), bits(&want), "axpy_rows n={n} count={count}");
             }
         }
     }

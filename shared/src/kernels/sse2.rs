@@ -24,6 +24,8 @@ entry_points!(
     dot_q4_r8,
     dot_q8_r8_x4,
     dot_q4_r8_x4,
+    dot_f32_rows,
+    axpy_rows,
     rmsnorm,
     softmax,
     axpy,
@@ -440,6 +442,75 @@ pub(super) mod imp {
             return (finite(_mm_unpacklo_epi16(v, z)), finite(_mm_unpackhi_epi16(v, z)));
         }
         (cvt_f16x4(v), cvt_f16x4(_mm_unpackhi_epi64(v, v)))
+    }
+
+    /// out[p] = `dot_f32`(q, row p) for rows p at `rows[p·stride..]`, bit
+    /// for bit: four rows at a time (independent chains, `q` loaded once for
+    /// the four), their sums combined as `hsum` does through one 4 × 4
+    /// transpose, then each row's scalar tail added.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = q.len();
+        let full = n / 8 * 8;
+        let mut p = 0;
+        while p + 4 <= out.len() {
+            let r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+            let mut acc = [[_mm_setzero_ps(); 2]; 4];
+            let mut c = 0;
+            while c < full {
+                let (q0, q1) = (ld(&q[c..c + 4]), ld(&q[c + 4..c + 8]));
+                acc = unroll!(4, |j| [
+                    _mm_add_ps(acc[j][0], _mm_mul_ps(q0, ld(&r[j][c..c + 4]))),
+                    _mm_add_ps(acc[j][1], _mm_mul_ps(q1, ld(&r[j][c + 4..c + 8]))),
+                ]);
+                c += 8;
+            }
+            // per row t = lo + hi, then (t0 + t1) + (t2 + t3), as `hsum`
+            let t = unroll!(4, |j| _mm_add_ps(acc[j][0], acc[j][1]));
+            let (a, b) = (_mm_unpacklo_ps(t[0], t[1]), _mm_unpackhi_ps(t[0], t[1]));
+            let (c_, d) = (_mm_unpacklo_ps(t[2], t[3]), _mm_unpackhi_ps(t[2], t[3]));
+            let col = [_mm_movelh_ps(a, c_), _mm_movehl_ps(c_, a), _mm_movelh_ps(b, d), _mm_movehl_ps(d, b)];
+            let s = _mm_add_ps(_mm_add_ps(col[0], col[1]), _mm_add_ps(col[2], col[3]));
+            let mut sums = [0.0f32; 4];
+            st(&mut sums, s);
+            for j in 0..4 {
+                let mut tail = 0.0f32;
+                for c in full..n {
+                    tail += q[c] * r[j][c];
+                }
+                out[p + j] = sums[j] + tail;
+            }
+            p += 4;
+        }
+        for p in p..out.len() {
+            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }
+
+    /// out += w[p]·row p for p in order (rows at `rows[p·stride..]`), each
+    /// element exactly as `axpy` row after row: out kept in registers, 32
+    /// elements at a time.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = out.len();
+        let mut c0 = 0;
+        while c0 + 32 <= n {
+            let mut o = unroll!(8, |k| ld(&out[c0 + 4 * k..c0 + 4 * k + 4]));
+            for (p, &a) in w.iter().enumerate() {
+                let row = &rows[p * stride + c0..p * stride + c0 + 32];
+                let va = _mm_set1_ps(a);
+                o = unroll!(8, |k| _mm_add_ps(o[k], _mm_mul_ps(va, ld(&row[4 * k..4 * k + 4]))));
+            }
+            let _ = unroll!(8, |k| st(&mut out[c0 + 4 * k..c0 + 4 * k + 4], o[k]));
+            c0 += 32;
+        }
+        if c0 < n {
+            for (p, &a) in w.iter().enumerate() {
+                axpy(a, &rows[p * stride + c0..p * stride + n], &mut out[c0..]);
+            }
+        }
     }
 
     /// `rows8_sse!`'s step for one block: acc + (d_w·d_x)·isums, lanes =
