@@ -600,70 +600,97 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
         });
         return;
     }
+    let threads = rayon::current_num_threads();
+    // Tokens per task when a batch is split by tokens: a multiple of 4, about
+    // four tasks per thread, at most 64 (their activations stay in L2).
+    let token_chunk = n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
     for (w, out) in items.iter_mut() {
-        // Results are gathered per row tile ([rows][tokens]) and transposed
-        // afterwards, so every task writes one contiguous chunk.
-        let mut by_row = vec![0.0f32; out.len()];
-        by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
-            let r0 = tile * ROW_TILE;
-            let rows = o.len() / n_tok;
-            let mut t = 0;
-            while t + 4 <= n_tok {
-                let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
-                let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
-                let mut i = 0;
-                while i < rows {
-                    match w.group_dot4(r0 + i, q) {
-                        Some(v) if i + ROWS8 <= rows => {
-                            for (k, row) in o[i * n_tok..(i + ROWS8) * n_tok].chunks_exact_mut(n_tok).enumerate() {
-                                for (j, by_token) in v.iter().enumerate() {
-                                    row[t + j] = by_token[k];
-                                }
-                            }
-                            i += ROWS8;
-                        }
-                        _ => {
-                            let v = w.row_dot4(r0 + i, x, q);
-                            o[i * n_tok + t..i * n_tok + t + 4].copy_from_slice(&v);
-                            i += 1;
-                        }
-                    }
-                }
-                t += 4;
-            }
-            for t in t..n_tok {
-                let (x, q) = one_token(t);
-                let mut i = 0;
-                while i < rows {
-                    match w.group_dot(r0 + i, q) {
-                        Some(v) if i + ROWS8 <= rows => {
-                            for (k, &val) in v.iter().enumerate() {
-                                o[(i + k) * n_tok + t] = val;
-                            }
-                            i += ROWS8;
-                        }
-                        _ => {
-                            o[i * n_tok + t] = w.row_dot(r0 + i, x, q);
-                            i += 1;
-                        }
-                    }
-                }
-            }
-        });
-        // [rows][tokens] → [tokens][rows], in tiles of 16 rows so that the
-        // rows being read stay in cache; tokens split across threads
         let rows = w.rows;
-        out.par_chunks_mut(rows * 16).enumerate().for_each(|(chunk, o)| {
-            let t0 = chunk * 16;
-            for r0 in (0..rows).step_by(16) {
-                for (dt, o_t) in o.chunks_exact_mut(rows).enumerate() {
-                    let t = t0 + dt;
-                    for r in r0..(r0 + 16).min(rows) {
-                        o_t[r] = by_row[r * n_tok + t];
-                    }
+        if n_tok.div_ceil(token_chunk) >= 2 * threads {
+            // Long batch: each task takes a run of tokens and walks all rows
+            // in tiles, each tile's weights reused by the run's tokens while
+            // in cache; it writes its own [tokens][rows] part of `out`.
+            out.par_chunks_mut(token_chunk * rows).enumerate().for_each(|(chunk, o)| {
+                let t0 = chunk * token_chunk;
+                let n = o.len() / rows;
+                for r0 in (0..rows).step_by(ROW_TILE) {
+                    let tile_rows = ROW_TILE.min(rows - r0);
+                    tile_dots(w, r0, tile_rows, t0, n, &one_token, |i, t, v| o[(t - t0) * rows + r0 + i] = v);
+                }
+            });
+        } else {
+            // Short batch: tasks take row tiles; results gathered per tile
+            // ([rows][tokens], one contiguous chunk per task), then transposed.
+            let mut by_row = vec![0.0f32; out.len()];
+            by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
+                let r0 = tile * ROW_TILE;
+                tile_dots(w, r0, o.len() / n_tok, 0, n_tok, &one_token, |i, t, v| o[i * n_tok + t] = v);
+            });
+            for t in 0..n_tok {
+                for r in 0..rows {
+                    out[t * rows + r] = by_row[r * n_tok + t];
                 }
             }
-        });
+        }
+    }
+}
+
+/// Rows r0 .. r0 + rows of `w` against tokens t0 .. t0 + n: `put(i, t,
+/// value)` for row r0 + i and token t. Four tokens at a time and repacked
+/// groups of eight rows where possible (`group_dot4`, `row_dot4`), else one
+/// by one (`group_dot`, `row_dot`): every value is bit-identical either way.
+#[inline]
+fn tile_dots<'a>(
+    w: &MatRef,
+    r0: usize,
+    rows: usize,
+    t0: usize,
+    n: usize,
+    one_token: &impl Fn(usize) -> (&'a [f32], ActRef<'a>),
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    let mut t = t0;
+    while t + 4 <= t0 + n {
+        let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
+        let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
+        let mut i = 0;
+        while i < rows {
+            match w.group_dot4(r0 + i, q) {
+                Some(v) if i + ROWS8 <= rows => {
+                    for (j, by_row) in v.iter().enumerate() {
+                        for (k, &val) in by_row.iter().enumerate() {
+                            put(i + k, t + j, val);
+                        }
+                    }
+                    i += ROWS8;
+                }
+                _ => {
+                    for (j, val) in w.row_dot4(r0 + i, x, q).into_iter().enumerate() {
+                        put(i, t + j, val);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        t += 4;
+    }
+    for t in t..t0 + n {
+        let (x, q) = one_token(t);
+        let mut i = 0;
+        while i < rows {
+            match w.group_dot(r0 + i, q) {
+                Some(v) if i + ROWS8 <= rows => {
+                    for (k, &val) in v.iter().enumerate() {
+                        put(i + k, t, val);
+                    }
+                    i += ROWS8;
+                }
+                _ => {
+                    put(i, t, w.row_dot(r0 + i, x, q));
+                    i += 1;
+                }
+            }
+        }
     }
 }
 
@@ -1173,8 +1200,15 @@ mod tests {
 
     #[test]
     fn matmul_is_identical_for_any_batch_and_thread_count() {
+        // 9 tokens: the batch split by row tiles; 70: split by runs of tokens
+        for n_tok in [9, 70] {
+            matmul_identical_for(n_tok);
+        }
+    }
+
+    fn matmul_identical_for(n_tok: usize) {
         let mut rng = Rng(4242);
-        let (rows, cols, n_tok) = (37, 160, 9);
+        let (rows, cols) = (37, 160);
         let w4 = q4_blocks(&mut rng, rows * cols / QK);
         let w8 = q8_blocks(&mut rng, rows * cols / QK);
         let w8f: Vec<BlockQ8_0F32> = w8.iter().map(|b| BlockQ8_0F32 { d: b.d.to_f32(), qs: b.qs }).collect();
@@ -1205,13 +1239,13 @@ mod tests {
             assert_eq!(bits(&batched), bits(&unpacked), "repacked rows give the plain layout's results");
             for threads in [1, 2, 3] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                // other batch splits: 4 + 5 tokens
+                // another batch split: 4 + the rest
                 let mut split = vec![0.0; n_tok * rows];
                 pool.install(|| {
                     matmul(&m, &Input::new(&x[..4 * cols], cols), &mut split[..4 * rows]);
                     matmul(&m, &Input::new(&x[4 * cols..], cols), &mut split[4 * rows..]);
                 });
-                assert_eq!(bits(&split), bits(&batched), "4+5 split, {threads} threads");
+                assert_eq!(bits(&split), bits(&batched), "4+rest split, {n_tok} tokens, {threads} threads");
                 for t in 0..n_tok {
                     let mut single = vec![0.0; rows];
                     let xs = &x[t * cols..(t + 1) * cols];
