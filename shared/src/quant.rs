@@ -283,7 +283,15 @@ impl<'a> From<&'a ActQ8> for ActRef<'a> {
 pub fn quantize_act(x: &[f32], out: &mut [BlockQ8Act]) {
     debug_assert_eq!(x.len(), out.len() * QK);
     for (chunk, block) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // max|x| in eight lanes (the compiler vectorises this; max does not
+        // depend on the order, NaNs are skipped either way)
+        let mut lanes = [0.0f32; 8];
+        for part in chunk.chunks_exact(8) {
+            for (m, v) in lanes.iter_mut().zip(part) {
+                *m = m.max(v.abs());
+            }
+        }
+        let amax = lanes.iter().fold(0.0f32, |m, &v| m.max(v));
         let d = amax / 127.0;
         let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
