@@ -88,6 +88,26 @@ def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converte
         assert other == base, f"{qtype}: logits differ at -t {threads} --batch {batch}"
 
 
+@pytest.mark.parametrize("family,qtype", [("smollm2-tied", "q8_0"), ("smollm2-tied", "q4_0"),
+                                          ("qwen3_5-hybrid", "q4_0"), ("gemma3-local-global", "q8_0")])
+def test_repacked_weights_give_identical_logits(family, qtype, converted, tmp_path):
+    """x86 builds copy Q8_0/Q4_0 matrices into eight-row interleaved groups at load (the startup
+    line counts them); --no-repack keeps only the mapped file. Same logits, byte for byte."""
+    ids, _, _ = reference(family)
+    mlb = converted(family, qtype)
+    ids_arg = ",".join(map(str, ids))
+    p = run_ml(mlb, "--prompt-ids", ids_arg, "-n", "0")
+    repacked = float(re.search(r"\+ ([0-9.]+) MiB repacked weights", p.stderr).group(1))
+    if re.search(r"isa (sse2|sse41|avx2|avx512vnni),", p.stderr):
+        assert repacked > 0, p.stderr
+    p = run_ml(mlb, "--prompt-ids", ids_arg, "-n", "0", "--no-repack")
+    assert float(re.search(r"\+ ([0-9.]+) MiB repacked weights", p.stderr).group(1)) == 0, p.stderr
+    for threads, batch in [(1, 512), (2, 5)]:
+        packed = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
+        plain = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch, "--no-repack").tobytes()
+        assert packed == plain, f"{family} {qtype}: repacked and plain logits differ at -t {threads} --batch {batch}"
+
+
 @pytest.mark.parametrize("kv", ["f16", "q8"])
 def test_kv_cache_types(kv, converted, tmp_path):
     """--kv f16/q8 stay close to the f32 cache and keep logits identical across threads and batches."""

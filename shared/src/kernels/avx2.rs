@@ -4,7 +4,10 @@
 //! results equal the other x86 builds' (see sse2.rs for why). Quantised dots
 //! take eight blocks per step: per-block i32 vectors, a transpose-add tree
 //! to the eight block sums, then one f32 multiply and add into the eight
-//! lanes (`sum_blocks8_n!`). The AVX-512 VNNI build re-exports the f32 half.
+//! lanes (`sum_blocks8_n!`). Repacked weights (`quant::BlockQ8_0x8`,
+//! `BlockQ4_0x8`) go eight rows at a time, one row per lane, with no
+//! horizontal reduction (`rows8_n!`). The AVX-512 VNNI build re-exports the
+//! f32 half.
 
 entry_points!(
     dot_f32,

@@ -2,8 +2,11 @@
 //! summed into each i32 lane in one instruction), in its 256-bit AVX512VL form,
 //! eight blocks per step in `portable`'s eight-lane order, through avx2.rs's
 //! `q8_dot_n!` / `q4_dot_n!` (`sum_blocks8_n!`), one token or four. For Q4 the unsigned nibbles go in directly, two blocks per
-//! vector, and the blocks' −8·Σq is added after the reduction. The f32
-//! kernels are AVX2's.
+//! vector, and the blocks' −8·Σq is added after the reduction. The
+//! eight-row kernels over repacked weights (avx2.rs's `rows8_n!`) take
+//! Q8 weights stored as w + 128 (unsigned), so `vpdpbusd` multiplies them by
+//! the broadcast activations directly, −128·Σq after. The f32 kernels are
+//! AVX2's.
 
 #[cfg(test)]
 pub use super::avx2::vexp;

@@ -537,15 +537,16 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Rows of the weight matrix handled by one task: small enough to balance
-/// threads, large enough that a tile of weights is reused across tokens.
+/// Rows of a weight tile in a prompt matmul: two repacked groups of eight,
+/// whose weights stay in L1 while they are applied to a run of tokens.
 const ROW_TILE: usize = 16;
 
 /// out[t][r] = Σ_c w[r][c] · x[t][c] for every token t of `input`.
 ///
-/// Each output element is one `row_dot` call, whatever the thread count or
-/// batch size, so results are bit-identical across both. Weight rows are
-/// walked in tiles, each tile applied to every token while it is in cache.
+/// Each output element is one dot of row r with token t (`row_dot`, or its
+/// row's lane of `group_dot` / `group_dot4` for repacked rows, which are
+/// bit-identical to it), whatever the thread count or batch size, so
+/// results are bit-identical across both.
 pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
     matmul_group(&mut [(w, out)], input);
 }
@@ -553,9 +554,10 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
 /// Several matmuls sharing one input (q/k/v, gate/up) in one parallel region.
 ///
 /// For one token the rows of all matrices are cut into a few contiguous
-/// chunks per thread; for a batch each matrix is walked in row tiles, each
-/// tile applied to every token while it is in cache. Either way every output
-/// element is one `row_dot` call.
+/// chunks per thread (multiples of eight rows, so repacked groups stay
+/// whole). A long batch is cut into runs of tokens, each task walking all
+/// row tiles for its run; a short one into row tiles, each applied to every
+/// token. Either way every output element is one dot as in `matmul`.
 pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
     let n_tok = input.n_tokens();
     for (w, out) in items.iter() {
