@@ -79,14 +79,17 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
     if cfg.prompt_tokens > 0 {
         let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), c.vocab_size);
         let mut rates = Vec::new();
-        for _ in 0..cfg.repetitions {
+        // one untimed run first, as llama-bench does (page faults, caches)
+        for rep in 0..=cfg.repetitions {
             let mut st = State::with_kv(c, ctx, cfg.kv)?;
             let t = Instant::now();
             for (i, chunk) in tokens.chunks(cfg.batch).enumerate() {
                 let last = (i + 1) * cfg.batch >= tokens.len();
                 model.forward(&mut st, chunk, if last { LogitsFor::Last } else { LogitsFor::None })?;
             }
-            rates.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+            if rep > 0 {
+                rates.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+            }
         }
         row(format!("pp{}", tokens.len()), &rates);
     }
@@ -94,6 +97,8 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
     if cfg.gen_tokens > 0 {
         let n = cfg.gen_tokens.min(ctx - 1);
         let mut rates = Vec::new();
+        // an untimed token first, as llama-bench's warm-up
+        model.forward(&mut State::with_kv(c, ctx, cfg.kv)?, &bench_tokens(1, c.vocab_size), LogitsFor::Last)?;
         for _ in 0..cfg.repetitions {
             let mut st = State::with_kv(c, ctx, cfg.kv)?;
             let mut token = bench_tokens(1, c.vocab_size)[0];
