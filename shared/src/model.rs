@@ -345,6 +345,18 @@ struct Layer {
     ffn_post_norm: Option<Vec<f32>>,  // [D]
 }
 
+impl Layer {
+    /// The layer's weight matrices: the mixer's, then the feed-forward's.
+    fn matrices(&self) -> Vec<&Matrix> {
+        let mut mats = match &self.mixer {
+            Mixer::Attention(w) => vec![&w.q, &w.k, &w.v, &w.o],
+            Mixer::DeltaNet(w) => vec![&w.qkv, &w.z, &w.b, &w.a, &w.out],
+        };
+        mats.extend([&self.ffn_gate, &self.ffn_up, &self.ffn_down]);
+        mats
+    }
+}
+
 /// The token-mixing half of a block.
 enum Mixer {
     Attention(AttentionWeights),
@@ -554,38 +566,20 @@ impl Model {
     pub fn decode_bytes_per_token(&self) -> u64 {
         let mut total = self.output.len as u64 + (self.token_embd.len / self.token_embd.rows) as u64;
         for layer in &self.layers {
-            let mats: Vec<&Matrix> = match &layer.mixer {
-                Mixer::Attention(w) => vec![&w.q, &w.k, &w.v, &w.o],
-                Mixer::DeltaNet(w) => vec![&w.qkv, &w.z, &w.b, &w.a, &w.out],
-            };
-            total += mats.iter().map(|m| m.len as u64).sum::<u64>();
-            total += (layer.ffn_gate.len + layer.ffn_up.len + layer.ffn_down.len) as u64;
+            total += layer.matrices().iter().map(|m| m.len as u64).sum::<u64>();
         }
         total
     }
 
     /// Bytes of memory holding repacked copies of weight rows (`LoadOptions::repack`).
     pub fn repacked_bytes(&self) -> usize {
-        let mut seen: Vec<*const PackedRows> = Vec::new();
-        let mut total = 0;
-        let mut count = |m: &Matrix| {
-            if let Some(p) = &m.packed {
-                if !seen.contains(&Arc::as_ptr(p)) {
-                    seen.push(Arc::as_ptr(p));
-                    total += p.bytes();
-                }
-            }
+        let packed = |m: &Matrix| m.packed.as_ref().map_or(0, |p| p.bytes());
+        let tied = match (&self.token_embd.packed, &self.output.packed) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         };
-        count(&self.token_embd);
-        count(&self.output);
-        for layer in &self.layers {
-            match &layer.mixer {
-                Mixer::Attention(w) => [&w.q, &w.k, &w.v, &w.o].into_iter().for_each(&mut count),
-                Mixer::DeltaNet(w) => [&w.qkv, &w.z, &w.b, &w.a, &w.out].into_iter().for_each(&mut count),
-            }
-            [&layer.ffn_gate, &layer.ffn_up, &layer.ffn_down].into_iter().for_each(&mut count);
-        }
-        total
+        let head = packed(&self.token_embd) + if tied { 0 } else { packed(&self.output) };
+        head + self.layers.iter().flat_map(|l| l.matrices()).map(packed).sum::<usize>()
     }
 
     /// Number of weights (parameters) in the file.
