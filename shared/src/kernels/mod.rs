@@ -470,35 +470,37 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// Blocks of the repacked rows r .. r + 8 in `packed`, if r starts a repacked group.
+    #[inline]
+    fn group_blocks(&self, r: usize) -> Option<std::ops::Range<usize>> {
+        let packed_len = match self.packed {
+            Packed::Q8(p) => p.len(),
+            Packed::Q4(p) => p.len(),
+            Packed::None => return None,
+        };
+        let (b, g) = (self.cols / QK, r / ROWS8);
+        (r % ROWS8 == 0 && (g + 1) * b <= packed_len).then(|| g * b..(g + 1) * b)
+    }
+
     /// Rows r .. r + 8 with one input row, if they are a repacked group.
     #[inline]
     fn group_dot(&self, r: usize, xq: ActRef) -> Option<[f32; 8]> {
-        let b = self.cols / QK;
-        let g = r / ROWS8;
+        let blocks = self.group_blocks(r)?;
         match self.packed {
-            Packed::Q8(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
-                Some(rows8::dot_q8_r8(&p[g * b..(g + 1) * b], xq))
-            }
-            Packed::Q4(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
-                Some(rows8::dot_q4_r8(&p[g * b..(g + 1) * b], xq))
-            }
-            _ => None,
+            Packed::Q8(p) => Some(rows8::dot_q8_r8(&p[blocks], xq)),
+            Packed::Q4(p) => Some(rows8::dot_q4_r8(&p[blocks], xq)),
+            Packed::None => None,
         }
     }
 
     /// Rows r .. r + 8 with four input rows, if they are a repacked group.
     #[inline]
     fn group_dot4(&self, r: usize, xq: [ActRef; 4]) -> Option<[[f32; 8]; 4]> {
-        let b = self.cols / QK;
-        let g = r / ROWS8;
+        let blocks = self.group_blocks(r)?;
         match self.packed {
-            Packed::Q8(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
-                Some(rows8::dot_q8_r8_x4(&p[g * b..(g + 1) * b], xq))
-            }
-            Packed::Q4(p) if r % ROWS8 == 0 && (g + 1) * b <= p.len() => {
-                Some(rows8::dot_q4_r8_x4(&p[g * b..(g + 1) * b], xq))
-            }
-            _ => None,
+            Packed::Q8(p) => Some(rows8::dot_q8_r8_x4(&p[blocks], xq)),
+            Packed::Q4(p) => Some(rows8::dot_q4_r8_x4(&p[blocks], xq)),
+            Packed::None => None,
         }
     }
 
