@@ -518,11 +518,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-        let n = q.len();
-        let full = n / 8 * 8;
-        let mut p = 0;
-        while p + 4 <= out.len() {
-            let r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+        f32_rows4!(q, rows, stride, out, |r, full| {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut c = 0;
             while c < full {
@@ -536,18 +532,8 @@ pub(super) mod imp {
             let mut sums = [0.0f32; 4];
             // SAFETY: `sums` is 4 writable f32; storeu needs no alignment.
             unsafe { _mm_storeu_ps(sums.as_mut_ptr(), s) };
-            for j in 0..4 {
-                let mut tail = 0.0f32;
-                for c in full..n {
-                    tail += q[c] * r[j][c];
-                }
-                out[p + j] = sums[j] + tail;
-            }
-            p += 4;
-        }
-        for p in p..out.len() {
-            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
-        }
+            sums
+        })
     }
 
     /// out += w[p]·row p for p in order (rows at `rows[p·stride..]`), each

@@ -244,6 +244,37 @@ macro_rules! unroll {
     };
 }
 
+/// `dot_f32_rows`' algorithm, written once for the ISA modules: four rows
+/// per step (`|r, full| sums4`: the four rows' `dot_f32` partial sums over
+/// columns 0..full, full = n / 8 · 8, combined as the module's `hsum`, as
+/// `[f32; 4]`), then each row's scalar tail in column order, exactly as
+/// `dot_f32` adds it; rows left over go through `dot_f32` itself. A macro,
+/// so that it is inlined into the kernel.
+#[allow(unused_macros)]
+macro_rules! f32_rows4 {
+    ($q:expr, $rows:expr, $stride:expr, $out:expr, |$r:ident, $full:ident| $sums4:expr) => {{
+        let (q, rows, stride, out): (&[f32], &[f32], usize, &mut [f32]) = ($q, $rows, $stride, $out);
+        let n = q.len();
+        let $full = n / 8 * 8;
+        let mut p = 0;
+        while p + 4 <= out.len() {
+            let $r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+            let sums: [f32; 4] = $sums4;
+            for j in 0..4 {
+                let mut tail = 0.0f32;
+                for c in $full..n {
+                    tail += q[c] * $r[j][c];
+                }
+                out[p + j] = sums[j] + tail;
+            }
+            p += 4;
+        }
+        for p in p..out.len() {
+            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }};
+}
+
 // x86-64 kernel sets, memchr `arch/` style: each exports the same functions as
 // `portable`. SSE2 is the x86-64 baseline, so it is always compiled there
 // (SSE4.1 reuses its f32 half); AVX-512 VNNI reuses AVX2's f32 half.

@@ -451,11 +451,7 @@ pub(super) mod imp {
     #[inline]
     #[target_feature(enable = "sse2")]
     pub fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-        let n = q.len();
-        let full = n / 8 * 8;
-        let mut p = 0;
-        while p + 4 <= out.len() {
-            let r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+        f32_rows4!(q, rows, stride, out, |r, full| {
             let mut acc = [[_mm_setzero_ps(); 2]; 4];
             let mut c = 0;
             while c < full {
@@ -474,18 +470,8 @@ pub(super) mod imp {
             let s = _mm_add_ps(_mm_add_ps(col[0], col[1]), _mm_add_ps(col[2], col[3]));
             let mut sums = [0.0f32; 4];
             st(&mut sums, s);
-            for j in 0..4 {
-                let mut tail = 0.0f32;
-                for c in full..n {
-                    tail += q[c] * r[j][c];
-                }
-                out[p + j] = sums[j] + tail;
-            }
-            p += 4;
-        }
-        for p in p..out.len() {
-            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
-        }
+            sums
+        })
     }
 
     /// out += w[p]·row p for p in order (rows at `rows[p·stride..]`), each
