@@ -1,4 +1,4 @@
-"""Tests for tools/convert.py, tools/mlb.py and the numpy reference forward
+"""Tests for tools/convert.py (and its source readers), tools/mlb.py and the numpy reference forward
 (tools/q4_experiment.py)."""
 import base64
 import json
@@ -13,10 +13,11 @@ import pytest
 from conftest import FIXTURES, TOOLS, run_tool
 
 sys.path.insert(0, str(TOOLS))
-import convert  # noqa: E402
 import llama2c  # noqa: E402
 import mlb  # noqa: E402
 import q4_experiment as qe  # noqa: E402
+from source_common import permute_to_interleaved, unpermute_interleaved  # noqa: E402
+from source_hf import hf_meta  # noqa: E402
 
 TINY = FIXTURES / "hf-tiny"
 FAMILIES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists()) if TINY.exists() else []
@@ -259,30 +260,30 @@ def _to_v4(cfg):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hf_v4_and_v5_config_forms_agree(family):
     cfg = json.loads((TINY / family / "config.json").read_text())
-    v5 = convert.hf_meta(cfg)
-    v4 = convert.hf_meta(_to_v4(cfg))
+    v5 = hf_meta(cfg)
+    v4 = hf_meta(_to_v4(cfg))
     assert v4 == v5
     if family == "gemma2-softcap":  # v4 Gemma 2 configs have no layer_types
         c = _to_v4(cfg)
         c.pop("layer_types")
-        assert convert.hf_meta(c) == v5
+        assert hf_meta(c) == v5
 
 
 def test_hf_metadata_details():
-    m = convert.hf_meta(json.loads((TINY / "llama3-scaled" / "config.json").read_text()))[1]
+    m = hf_meta(json.loads((TINY / "llama3-scaled" / "config.json").read_text()))[1]
     assert (m["rope_scaling"], m["rope_scaling_factor"], m["rope_original_context"]) == ("llama3", 32.0, 16)
-    m = convert.hf_meta(json.loads((TINY / "gemma3-local-global" / "config.json").read_text()))[1]
+    m = hf_meta(json.loads((TINY / "gemma3-local-global" / "config.json").read_text()))[1]
     assert m["layer_kinds"] == [1, 1, 1, 1, 1, 0] and m["rope_local_theta"] == 10000.0
     assert m["rope_theta"] == 1e6 and m["rope_scaling"] == "linear" and m["norm_unit_offset"] == 1
-    m = convert.hf_meta(json.loads((TINY / "qwen3_5-hybrid" / "config.json").read_text()))[1]
+    m = hf_meta(json.loads((TINY / "qwen3_5-hybrid" / "config.json").read_text()))[1]
     assert m["rope_dim"] == 8 and m["layer_kinds"] == [2, 2, 2, 0] and m["attn_output_gate"] == 1
-    m = convert.hf_meta(json.loads((TINY / "smollm3-nope" / "config.json").read_text()))[1]
+    m = hf_meta(json.loads((TINY / "smollm3-nope" / "config.json").read_text()))[1]
     assert m["layer_rope"] == [1, 1, 1, 0]
     # multimodal wrapper: text_config is used
     inner = json.loads((TINY / "gemma3-local-global" / "config.json").read_text())
     outer = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
              "text_config": inner, "vision_config": {"hidden_size": 8}}
-    assert convert.hf_meta(outer) == convert.hf_meta(inner)
+    assert hf_meta(outer) == hf_meta(inner)
 
 
 # --------------------------------------------------------------------------
@@ -363,14 +364,14 @@ def test_gguf_smollm2_matches_transformers(smollm2_gguf, tmp_path):
     # without undoing llama.cpp's q/k permutation the model would be wrong
     H, Hkv = meta["n_heads"], meta["n_kv_heads"]
     for i in range(meta["n_layers"]):
-        W[f"blk.{i}.attn_q"] = convert.permute_to_interleaved(W[f"blk.{i}.attn_q"], H)
-        W[f"blk.{i}.attn_k"] = convert.permute_to_interleaved(W[f"blk.{i}.attn_k"], Hkv)
+        W[f"blk.{i}.attn_q"] = permute_to_interleaved(W[f"blk.{i}.attn_q"], H)
+        W[f"blk.{i}.attn_k"] = permute_to_interleaved(W[f"blk.{i}.attn_k"], Hkv)
     assert qe.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")[0] > 0.5
 
 
 def test_permutation_inverse():
     w = np.arange(6 * 16 * 4, dtype=np.float32).reshape(6 * 16, 4)
-    np.testing.assert_array_equal(convert.unpermute_interleaved(convert.permute_to_interleaved(w, 6), 6), w)
+    np.testing.assert_array_equal(unpermute_interleaved(permute_to_interleaved(w, 6), 6), w)
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Write llama2.c checkpoints (legacy v0, v1 fp32, v2 Q8_0) from .mlb-layout
-weights — the inverse of tools/convert.py's llama2.c reader, following
-karpathy/llama2.c's run.c (v0) and export.py (version1_export /
-version2_export).  Used by the tests to round-trip the converter.
+weights — the inverse of tools/source_llama2c.py (the converter's llama2.c
+reader), following karpathy/llama2.c's run.c (v0) and export.py
+(version1_export / version2_export).  Used by the tests to round-trip the
+converter.
 
 weights: dict of .mlb names -> float32 arrays in Hugging Face layout (q/k rows
 in the `half` RoPE layout; they are permuted to llama2.c's interleaved layout
@@ -11,7 +12,8 @@ import struct
 
 import numpy as np
 
-from convert import LLAMA2C_MAGIC, permute_to_interleaved
+from source_common import permute_to_interleaved
+from source_llama2c import LLAMA2C_MAGIC
 
 
 def _layers(meta, W):

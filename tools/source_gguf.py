@@ -1,0 +1,160 @@
+"""GGUF source for tools/convert.py: a llama.cpp .gguf file, any tensor type the
+`gguf` package can dequantise.
+
+Besides the metadata keys, llama.cpp's conventions are undone here: q/k rows
+permuted to interleaved RoPE (LlamaModel families), Gemma norms stored as
+1 + w, values llama.cpp hard-codes instead of storing (families.py).
+"""
+import numpy as np
+
+import families
+from source_common import ConvertError, unpermute_interleaved
+
+GGUF_LAYER_MAP = {
+    "attn_norm": "attn_norm", "attn_q": "attn_q", "attn_k": "attn_k", "attn_v": "attn_v",
+    "attn_output": "attn_o", "attn_q_norm": "attn_q_norm", "attn_k_norm": "attn_k_norm",
+    "ffn_norm": "ffn_norm", "ffn_gate": "ffn_gate", "ffn_up": "ffn_up", "ffn_down": "ffn_down",
+    "post_attention_norm": "attn_post_norm", "post_ffw_norm": "ffn_post_norm",
+}
+
+
+def load_gguf(path):
+    """A .gguf file -> (meta, tensors) (see source_common)."""
+    try:
+        import gguf
+    except ImportError:
+        raise ConvertError("the `gguf` package is needed for GGUF input (pip install gguf)") from None
+    try:
+        r = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001  (any failure to parse is a bad file)
+        raise ConvertError(f"{path}: cannot read GGUF ({e})") from e
+
+    def field(key, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        v = f.contents()
+        return v
+
+    ga = field("general.architecture")
+    fam = families.from_gguf(ga)
+    if fam is None:
+        raise ConvertError(f"unsupported architecture {ga!r}")
+    arch = fam.arch
+
+    def af(key, default=None, required=False):
+        v = field(f"{ga}.{key}", default)
+        if v is None and required:
+            raise ConvertError(f"GGUF lacks {ga}.{key}")
+        return v
+
+    tinfo = {t.name: t for t in r.tensors}
+    D = int(af("embedding_length", required=True))
+    H = int(af("attention.head_count", required=True))
+    L = int(af("block_count", required=True))
+    Hkv = af("attention.head_count_kv", H)
+    if isinstance(Hkv, list):
+        Hkv = Hkv[0]
+    Hkv = int(Hkv)
+    hd = int(af("attention.key_length", D // H))
+    F = af("feed_forward_length", required=True)
+    if isinstance(F, list):
+        F = F[0]
+    if "token_embd.weight" not in tinfo:
+        raise ConvertError("missing tensor token_embd.weight")
+    V = int(af("vocab_size", 0) or tinfo["token_embd.weight"].shape[-1])
+    meta = {
+        "arch": arch, "vocab_size": V, "hidden_size": D, "n_layers": L, "n_heads": H,
+        "n_kv_heads": Hkv, "head_dim": hd, "ffn_dim": int(F),
+        "context_length": int(af("context_length", 2048)),
+        "norm_eps": float(af("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(af("rope.freq_base", 10000.0)),
+        "rope_style": "half",
+    }
+    rd = af("rope.dimension_count")
+    if rd is not None and int(rd) != hd:
+        meta["rope_dim"] = int(rd)
+    st = af("rope.scaling.type")
+    if st in ("linear",) and af("rope.scaling.factor"):
+        meta["rope_scaling"] = "linear"
+        meta["rope_scaling_factor"] = float(af("rope.scaling.factor"))
+    if "rope_freqs.weight" in tinfo:
+        # llama3 scaling is baked into a rope_freqs tensor by llama.cpp; the
+        # original factors are not stored, so refuse rather than guess.
+        raise ConvertError("GGUF with rope_freqs (llama3 rope scaling) is not supported yet")
+    for k, gk in (("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")):
+        v = field(gk)
+        if v is not None:
+            meta[k] = int(v)
+    meta.update(fam.traits(D))
+
+    # ---- layer kinds: the GGUF's own pattern if it has one, else the family's
+    window = af("attention.sliding_window")
+    pattern = af("attention.sliding_window_pattern")  # a period, or one bool per layer (true: sliding)
+    if isinstance(pattern, list):
+        if len(pattern) != L:
+            raise ConvertError(f"{ga}.attention.sliding_window_pattern has {len(pattern)} entries, not {L}")
+        kinds = [families.SLIDING if b else families.FULL for b in pattern]
+    else:
+        kinds = fam.layer_kinds(L, window, period=pattern)
+    if kinds is not None and any(kinds):
+        if window:
+            meta["sliding_window"] = int(window)
+        meta["layer_kinds"] = kinds
+
+    if fam.gguf_softcaps:
+        if af("attn_logit_softcapping"):
+            meta["attn_softcap"] = float(af("attn_logit_softcapping"))
+        if af("final_logit_softcapping"):
+            meta["final_softcap"] = float(af("final_logit_softcapping"))
+    if fam.gguf_local_rope_theta is not None:
+        meta["rope_local_theta"] = fam.gguf_local_rope_theta
+    if fam.gemma:
+        meta["query_scale"] = float(hd) ** -0.5  # llama.cpp: query_pre_attn_scalar = head_dim
+    meta["tie_embeddings"] = 0 if "output.weight" in tinfo else 1
+
+    def gt(gname, transform=None):
+        if gname not in tinfo:
+            raise ConvertError(f"missing tensor {gname}")
+        t = tinfo[gname]
+        shape = tuple(int(x) for x in reversed(list(t.shape)))
+
+        def load():
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            a = np.asarray(a, dtype=np.float32).reshape(shape)
+            return transform(a) if transform else a
+        return (shape, load)
+
+    def minus_one(a):
+        return a - 1.0
+
+    norm_tf = minus_one if fam.gemma else None  # convert_hf_to_gguf stores Gemma norms as 1 + w
+    perm = fam.gguf_qk_permuted
+    tensors = {"token_embd": gt("token_embd.weight")}
+    for i in range(L):
+        names = {n[len(f"blk.{i}."):] for n in tinfo if n.startswith(f"blk.{i}.")}
+        required = ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                    "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                    "ffn_down.weight"]
+        if fam.gemma:
+            required += ["post_attention_norm.weight", "post_ffw_norm.weight"]
+        for rq in required:
+            if rq not in names:
+                raise ConvertError(f"missing tensor blk.{i}.{rq}")
+        for n in sorted(names):
+            base, _, kind = n.rpartition(".")
+            if base not in GGUF_LAYER_MAP or kind not in ("weight", "bias"):
+                raise ConvertError(f"unexpected tensor blk.{i}.{n} for arch {ga}")
+            out = GGUF_LAYER_MAP[base] + ("_bias" if kind == "bias" else "")
+            tf = None
+            if base.endswith("norm"):
+                tf = norm_tf
+            elif perm and base == "attn_q":
+                tf = (lambda a: unpermute_interleaved(a, H))
+            elif perm and base == "attn_k":
+                tf = (lambda a: unpermute_interleaved(a, Hkv))
+            tensors[f"blk.{i}.{out}"] = gt(f"blk.{i}.{n}", tf)
+    tensors["output_norm"] = gt("output_norm.weight", norm_tf)
+    if not meta["tie_embeddings"]:
+        tensors["output"] = gt("output.weight")
+    return meta, tensors
