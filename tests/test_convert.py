@@ -1,23 +1,21 @@
-"""Tests for tools/convert.py (and its source readers), tools/mlb.py and the numpy reference forward
-(tools/q4_experiment.py)."""
+"""Tests for tools/convert.py (and its source readers), tools/mlb.py and the
+numpy reference forward (tools/reference_forward.py)."""
 import base64
 import json
 import os
 import shutil
 import struct
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, TOOLS, run_tool
-
-sys.path.insert(0, str(TOOLS))
-import llama2c  # noqa: E402
-import mlb  # noqa: E402
-import q4_experiment as qe  # noqa: E402
-from source_common import permute_to_interleaved, unpermute_interleaved  # noqa: E402
-from source_hf import hf_meta  # noqa: E402
+# tools/ is on sys.path: conftest, which pytest loads before this module, puts it there
+import llama2c
+import mlb
+import reference_forward as rf
+from conftest import FIXTURES, run_tool
+from source_common import permute_to_interleaved, unpermute_interleaved
+from source_hf import hf_meta
 
 TINY = FIXTURES / "hf-tiny"
 FAMILIES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists()) if TINY.exists() else []
@@ -221,8 +219,8 @@ def test_hf_sharded_bf16_multimodal_layout(tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "m.mlb"
     run_tool("convert.py", src, "-o", out, "--type", "f32")
-    m, W = qe.load_model(str(out))
-    m0, W0 = qe.load_model(str(TINY / "llama2"))
+    m, W = rf.load_model(str(out))
+    m0, W0 = rf.load_model(str(TINY / "llama2"))
     assert set(W) == set(W0)
     for n in W0:
         np.testing.assert_allclose(W[n], W0[n], rtol=2 ** -8, atol=1e-30, err_msg=n)
@@ -295,7 +293,7 @@ def test_hf_tiny_f32_matches_transformers(family, tmp_path):
     p = run_tool("convert.py", TINY / family, "-o", out, "--type", "f32")
     assert "token_embd" in p.stderr  # progress lines
     assert not os.path.exists(str(out) + ".tmp")
-    diff = qe.check_tiny(*qe.load_model(str(out)), TINY / family / "reference.json")
+    diff = rf.check_tiny(*rf.load_model(str(out)), TINY / family / "reference.json")
     assert diff < 1e-3
 
 
@@ -320,7 +318,7 @@ def test_quantised_types_and_reference_logits(qtype, tmp_path):
         assert types["blk.1.ffn_down"] == mlb.Q8_0_F32 and types["token_embd"] == mlb.Q8_0_F32
     fx = json.loads((TINY / "llama2" / "reference.json").read_text())
     want = np.frombuffer(base64.b64decode(fx["logits_f32_le_base64"]), "<f4").reshape(fx["logits_shape"])
-    got = qe.forward(*qe.load_model(str(out)), fx["input_ids"])
+    got = rf.forward(*rf.load_model(str(out)), fx["input_ids"])
     rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
     # the tiny random model (init range 0.25) amplifies weight noise a lot;
     # these bounds only catch gross packing errors (a wrong layout gives ~1.4)
@@ -328,7 +326,7 @@ def test_quantised_types_and_reference_logits(qtype, tmp_path):
 
 
 def test_imatrix_option(tmp_path):
-    meta, W = qe.load_model(str(TINY / "llama2"))
+    meta, W = rf.load_model(str(TINY / "llama2"))
     rng = np.random.default_rng(5)
     im = {n: rng.uniform(0, 3, a.shape[1]).astype(np.float32) ** 4 for n, a in W.items() if a.ndim == 2}
     np.savez(tmp_path / "im.npz", **im)
@@ -356,17 +354,17 @@ def test_imatrix_option(tmp_path):
 def test_gguf_smollm2_matches_transformers(smollm2_gguf, tmp_path):
     out = tmp_path / "smol.mlb"
     run_tool("convert.py", smollm2_gguf, "-o", out, "--type", "f32")
-    meta, W = qe.load_model(str(out))
+    meta, W = rf.load_model(str(out))
     assert meta["arch"] == "llama" and meta["tie_embeddings"] == 1 and meta["n_kv_heads"] == 3
     assert W["blk.0.attn_q"].shape == (576, 576) and W["blk.0.ffn_down"].shape == (576, 1536)
-    worst, top1 = qe.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")
+    worst, top1 = rf.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")
     assert top1 and worst < 2e-2
     # without undoing llama.cpp's q/k permutation the model would be wrong
     H, Hkv = meta["n_heads"], meta["n_kv_heads"]
     for i in range(meta["n_layers"]):
         W[f"blk.{i}.attn_q"] = permute_to_interleaved(W[f"blk.{i}.attn_q"], H)
         W[f"blk.{i}.attn_k"] = permute_to_interleaved(W[f"blk.{i}.attn_k"], Hkv)
-    assert qe.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")[0] > 0.5
+    assert rf.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")[0] > 0.5
 
 
 def test_permutation_inverse():
@@ -380,12 +378,12 @@ def test_permutation_inverse():
 @pytest.mark.parametrize("version", [0, 1, 2])
 @pytest.mark.parametrize("family", ["llama2", "smollm2-tied"])
 def test_llama2c_roundtrip(version, family, tmp_path):
-    meta, W = qe.load_model(str(TINY / family))
+    meta, W = rf.load_model(str(TINY / family))
     ck = tmp_path / "model.bin"
     {0: llama2c.write_v0, 1: llama2c.write_v1, 2: llama2c.write_v2}[version](str(ck), meta, W)
     out = tmp_path / "m.mlb"
     run_tool("convert.py", ck, "-o", out, "--type", "f32")
-    m2, W2 = qe.load_model(str(out))
+    m2, W2 = rf.load_model(str(out))
     assert m2["arch"] == "llama2c" and m2["tie_embeddings"] == meta["tie_embeddings"]
     for k in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
               "context_length"):
@@ -401,7 +399,7 @@ def test_llama2c_roundtrip(version, family, tmp_path):
     if family == "llama2" and meta["rope_theta"] == 10000.0:
         fx = json.loads((TINY / family / "reference.json").read_text())
         want = np.frombuffer(base64.b64decode(fx["logits_f32_le_base64"]), "<f4").reshape(fx["logits_shape"])
-        got = qe.forward(m2, W2, fx["input_ids"])
+        got = rf.forward(m2, W2, fx["input_ids"])
         if version < 2:
             assert np.abs(got - want).max() < 1e-3
         else:  # Q8 weights; the tiny random model amplifies weight noise
@@ -409,7 +407,7 @@ def test_llama2c_roundtrip(version, family, tmp_path):
 
 
 def test_llama2c_truncated(tmp_path):
-    meta, W = qe.load_model(str(TINY / "llama2"))
+    meta, W = rf.load_model(str(TINY / "llama2"))
     ck = tmp_path / "model.bin"
     llama2c.write_v0(str(ck), meta, W)
     data = ck.read_bytes()

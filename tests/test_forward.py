@@ -4,13 +4,16 @@ Each fixture is converted with tools/convert.py and run through the Krafla
 executable with --prompt-ids / --logits-out / --print-ids.
 """
 import base64
-import re
 import json
+import re
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, TOOLS, run_ml, run_tool
+# tools/ is on sys.path: conftest, which pytest loads before this module, puts it there
+import llama2c
+import reference_forward as rf
+from conftest import FIXTURES, run_ml, run_tool
 
 # Every family fixture: Llama 2, Llama 3 scaling, SmolLM2 (tied), Mistral (sliding
 # window), Qwen2 (biases), Qwen3 (q/k norm), SmolLM3 (NoPE layers), Gemma 2
@@ -140,12 +143,7 @@ def test_kv_memory_matches_the_formula(converted):
 def test_llama2c_checkpoint_runs_like_the_fixture(version, tmp_path):
     """A llama2.c checkpoint written from the llama2 fixture's weights (v0 float32, v2 Q8_0)
     converts and runs to the fixture's logits (v2 within its Q8 weight error)."""
-    import sys
-    sys.path.insert(0, str(TOOLS))
-    import llama2c
-    import q4_experiment as qe
-
-    meta, weights = qe.load_model(str(FIXTURES / "hf-tiny" / "llama2"))
+    meta, weights = rf.load_model(str(FIXTURES / "hf-tiny" / "llama2"))
     ck = tmp_path / "model.bin"
     {0: llama2c.write_v0, 2: llama2c.write_v2}[version](str(ck), meta, weights)
     mlb = tmp_path / "m.mlb"

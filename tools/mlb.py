@@ -1,8 +1,8 @@
 """Krafla `.mlb` model files: writer, reader and the block quantisers.
 
 The layout is specified in docs/FORMAT.md (section `.mlb`). This module is
-used by tools/convert.py (writing), tools/q4_experiment.py and the tests
-(reading and quantisation round trips).
+used by tools/convert.py (writing), tools/reference_forward.py (reading),
+tools/q4_experiment.py and the tests (reading and quantisation round trips).
 
 Quantisation (blocks of 32 along the last dim):
   Q8_0  d = max|x| / 127, q = round(x / d)                      (llama.cpp rule)
