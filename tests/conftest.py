@@ -55,7 +55,7 @@ def under_qemu(qemu, cpu, exe, *args, timeout=600):
 
 def krafla_lines(stderr):
     """stderr without qemu's own warnings ("qemu-<arch>: ...", e.g. features TCG cannot emulate)."""
-    return [l for l in stderr.splitlines() if l.strip() and not re.match(r"qemu-[\w-]+:", l)]
+    return [ln for ln in stderr.splitlines() if ln.strip() and not re.match(r"qemu-[\w-]+:", ln)]
 
 
 def assert_guard(p, build, missing):

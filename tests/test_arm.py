@@ -32,8 +32,7 @@ import subprocess
 
 import pytest
 
-from conftest import (REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, under_qemu,
-                      unavailable)
+from conftest import REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, unavailable, under_qemu
 
 TARGET = "aarch64-unknown-linux-gnu"
 LINKER = "aarch64-linux-gnu-gcc"
@@ -92,7 +91,8 @@ def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
     p = under_qemu(QEMU, cpu, tests, "kernels", "--nocapture")
     assert p.returncode == 0, f"{name} on {cpu}: exit {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-6000:]}"
     assert "test kernels::tests::compiled_isa_is_the_expected_one ... ok" in p.stdout
-    for t in ["quantized_dots_match_exact_reference_and_portable", "quantized_dots_on_extreme_values_match_portable_and_exact",
+    for t in ["quantized_dots_match_exact_reference_and_portable",
+              "quantized_dots_on_extreme_values_match_portable_and_exact",
               "dot_f32_matches_f64_and_portable_on_odd_lengths", "f32_ops_match_f64_and_portable",
               "f16_conversion_is_exact_for_every_value", "matmul_is_identical_for_any_batch_and_thread_count"]:
         assert f"test kernels::tests::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
@@ -147,7 +147,7 @@ def test_launcher_picks_the_best_build_for_the_cpu(toolchain, cpu):
     assert p.returncode == 0, f"ml_run on {cpu}: exit {p.returncode}\n{p.stderr}"
     assert f"runs {DIST / ('ml_' + _best(cpu))}\n" in p.stdout, p.stdout
     p = under_qemu(QEMU, cpu, launcher, "--list-isas", timeout=120)
-    selected = [l.split()[0] for l in p.stdout.splitlines() if l.startswith("ml_") and " * " in f" {l} "]
+    selected = [ln.split()[0] for ln in p.stdout.splitlines() if ln.startswith("ml_") and " * " in f" {ln} "]
     assert selected == [f"ml_{_best(cpu)}"], p.stdout
 
 

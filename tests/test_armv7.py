@@ -29,7 +29,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, under_qemu, unavailable
+from conftest import REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, unavailable, under_qemu
 
 TARGET = "armv7-unknown-linux-gnueabihf"
 LINKER = "arm-linux-gnueabihf-gcc"

@@ -15,7 +15,7 @@ def tiny_mlb(tmp_path_factory):
 
 def assert_clean_error(p, needle):
     assert p.returncode == 2, f"exit {p.returncode}, stderr: {p.stderr}"
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, f"expected one line, got: {p.stderr!r}"
     assert needle in lines[0], lines[0]
     assert "panicked" not in p.stderr
@@ -41,8 +41,10 @@ def test_hostile_counts_and_missing_file(tiny_mlb, tmp_path):
 
 def test_bad_requests(tiny_mlb):
     assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1,99999", "-n", "1", check=False), "outside the vocabulary")
-    assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "--ctx", "100000000", check=False), "exceeds the model's maximum context")
+    assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "--ctx", "100000000", check=False),
+                       "exceeds the model's maximum context")
     assert_clean_error(run_ml(tiny_mlb, "-p", "hi", check=False), "needs a tokenizer")
-    assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "--chat", "nope", "-p", "x", check=False), "unknown chat template")
+    assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "--chat", "nope", "-p", "x", check=False),
+                       "unknown chat template")
     p = run_ml("--bogus-flag", check=False)
     assert p.returncode == 2

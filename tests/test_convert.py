@@ -120,7 +120,10 @@ def test_q4_fit_weighted():
     d3, q3 = mlb.q4_0_scales(b, "fit")
     np.testing.assert_array_equal(d2, d3)
     np.testing.assert_array_equal(q2, q3)
-    err = lambda d, q: (w * (b - d.astype(np.float32)[:, None] * (q - 8.0)) ** 2).sum(1)  # noqa: E731
+
+    def err(d, q):
+        return (w * (b - d.astype(np.float32)[:, None] * (q - 8.0)) ** 2).sum(1)
+
     assert np.all(err(d1, q1) <= err(d0, q0) * (1 + 1e-6))
     assert err(d1, q1).sum() < err(d3, q3).sum()
 

@@ -37,7 +37,7 @@ def logits(mlb, ids, tmp_path):
 def test_f32_matches_transformers_top20_and_greedy(gemma, tmp_path):
     ids = REAL["input_ids"]
     got = logits(gemma("f32"), ids, tmp_path)
-    for pos, (top_ids, top_vals) in enumerate(zip(REAL["top20_ids"], REAL["top20_logits"])):
+    for pos, (top_ids, top_vals) in enumerate(zip(REAL["top20_ids"], REAL["top20_logits"], strict=True)):
         diff = np.abs(got[pos, top_ids] - np.array(top_vals)).max()
         assert diff <= 2e-2, f"position {pos}: top-20 logits differ by {diff:.3e}"
     p = run_ml(gemma("f32"), "--prompt-ids", ",".join(map(str, ids)), "-n", "12", "--print-ids")

@@ -21,7 +21,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_guard, krafla_lines, under_qemu, unavailable
+from conftest import REPO, assert_guard, krafla_lines, unavailable, under_qemu
 
 DIST = REPO / "dist" / "linux-x86_64"
 VARIANTS = ["sse2", "sse41", "avx2", "avx512vnni"]
@@ -122,7 +122,7 @@ def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny_llama2, cpu, 
     # --list-isas marks the same build, and names what the others lack.
     p = under_qemu(qemu, cpu, dist / "ml_run", "--list-isas")
     assert p.returncode == 0, p.stderr
-    rows = {l.split()[0]: l for l in p.stdout.splitlines() if l.startswith("ml_")}
+    rows = {ln.split()[0]: ln for ln in p.stdout.splitlines() if ln.startswith("ml_")}
     assert sorted(rows) == sorted(f"ml_{i}" for i in VARIANTS), p.stdout
     for isa in VARIANTS:
         row = rows[f"ml_{isa}"].split()
@@ -139,7 +139,7 @@ def cpu_flags():
         text = pathlib.Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
-    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     return set(line.split(":", 1)[-1].split())
 
 
@@ -156,8 +156,9 @@ def test_launcher_natively_picks_the_best_build(dist, tiny_llama2):
 
 
 def test_launcher_forced_isa(qemu, dist, tiny_llama2, tmp_path):
-    run = lambda *a: subprocess.run([str(dist / "ml_run"), *map(str, a)], capture_output=True, text=True,
-                                    timeout=120)
+    def run(*a):
+        return subprocess.run([str(dist / "ml_run"), *map(str, a)], capture_output=True, text=True, timeout=120)
+
     for isa in VARIANTS:
         if EXPECT["Nehalem"][isa] is None:  # every CPU that runs these tests has at least Nehalem's features
             p = run("--isa", isa, tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0")
@@ -175,7 +176,8 @@ def test_launcher_forced_isa(qemu, dist, tiny_llama2, tmp_path):
     # The file is missing.
     shutil.copy(dist / "ml_run", tmp_path / "ml_run")
     shutil.copy(dist / "ml_sse2", tmp_path / "ml_sse2")
-    p = subprocess.run([str(tmp_path / "ml_run"), "--isa", "sse41", tiny_llama2["q8_0"]], capture_output=True, text=True)
+    p = subprocess.run([str(tmp_path / "ml_run"), "--isa", "sse41", tiny_llama2["q8_0"]], capture_output=True,
+                       text=True)
     assert p.returncode == 2 and "ml_sse41 is not in this directory" in p.stderr, p.stderr
     # ... and without --isa the one present build that fits is used.
     p = subprocess.run([str(tmp_path / "ml_run"), tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0"],

@@ -20,11 +20,12 @@ def test_bench_prints_llama_bench_rows_and_roofline(tmp_path):
     mlb = tmp_path / "tiny.mlb"
     run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", mlb, "--type", "q4_0")
     p = run_ml(mlb, "--bench", "-pp", "16", "-tg", "8", "-r", "2", "-t", "1")
-    rows = [l for l in p.stdout.splitlines() if l.startswith("| tiny")]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| tiny")]
     assert [r.split("|")[6].strip() for r in rows] == ["pp16", "tg8"], p.stdout
     for r in rows:
         assert re.search(r"\| [0-9.]+ ± [0-9.]+ \|$", r), r
-    assert re.search(r"roofline: [0-9.]+ MB of weights read per generated token; memory read bandwidth [0-9.]+ GB/s", p.stdout)
+    assert re.search(r"roofline: [0-9.]+ MB of weights read per generated token; "
+                     r"memory read bandwidth [0-9.]+ GB/s", p.stdout)
 
 
 def test_perplexity_follows_llama_cpp_protocol(smol, tmp_path):

@@ -349,7 +349,7 @@ def test_windows_launcher_and_guard_on_emulated_cpus(windows):
     def emulated(cpu, exe, *args):
         p = subprocess.run([qemu, "-cpu", cpu, loader, str(exe), *args], capture_output=True, text=True,
                            timeout=300, env=env)
-        lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("qemu-x86_64:")]
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu-x86_64:")]
         return p, lines
 
     for cpu, (want, guard) in EMULATED.items():
@@ -371,7 +371,7 @@ def test_windows_smollm2_answers_through_ml_run(windows, smol):
     folder, wine = windows
     p = wine.run([folder / "ml_run.exe", "--list-isas"])
     assert p.returncode == 0, p.stderr
-    selected = [l.split()[0] for l in p.stdout.splitlines() if re.match(r"ml_\w+\s+yes\s+yes\s+\*", l)]
+    selected = [ln.split()[0] for ln in p.stdout.splitlines() if re.match(r"ml_\w+\s+yes\s+yes\s+\*", ln)]
     assert len(selected) == 1 and selected[0].removeprefix("ml_") in ISAS, p.stdout
     best = selected[0].removeprefix("ml_")
     args = chat_args(winpath(smol("q4_0")), winpath(smol("mlt")))

@@ -191,7 +191,8 @@ def test_completion_seed_reproducibility_and_stream(server):
 def test_streaming_never_splits_utf8(server):
     """Emoji span several byte-level tokens: deltas carry whole characters only."""
     c = server.client()
-    kw = dict(model=ALIAS, prompt="Emoji list: \U0001F600 \U0001F603 \U0001F604 \U0001F601", max_tokens=8, temperature=0)
+    kw = dict(model=ALIAS, prompt="Emoji list: \U0001F600 \U0001F603 \U0001F604 \U0001F601", max_tokens=8,
+              temperature=0)
     full = c.completions.create(logprobs=0, **kw)
     toks = full.choices[0].logprobs.tokens
     assert sum("\ufffd" in t for t in toks) >= 2, toks  # the model does emit partial characters
@@ -247,7 +248,10 @@ def test_warm_cache_gives_bit_identical_logprobs(tmp_path, smol_files, server):
         cold_srv.stop()
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     # JSON floats are shortest round-trip: equal values are equal bits.
-    lp = lambda r: r.choices[0].logprobs.model_dump()
+
+    def lp(r):
+        return r.choices[0].logprobs.model_dump()
+
     assert lp(warm) == lp(cold) and lp(again) == lp(cold)
     assert warm.choices[0].text == cold.choices[0].text
     assert len(lp(cold)["top_logprobs"][0]) == 5

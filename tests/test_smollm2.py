@@ -14,7 +14,7 @@ def test_f32_matches_transformers_top20_and_greedy(smol, tmp_path):
     out = tmp_path / "logits.f32"
     run_ml(smol("f32"), "--prompt-ids", ",".join(map(str, ids)), "--logits-out", out, "-n", "0")
     logits = np.fromfile(out, dtype="<f4").reshape(len(ids), REAL["vocab"])
-    for pos, (top_ids, top_vals) in enumerate(zip(REAL["top20_ids"], REAL["top20_logits"])):
+    for pos, (top_ids, top_vals) in enumerate(zip(REAL["top20_ids"], REAL["top20_logits"], strict=True)):
         got = logits[pos, top_ids]
         diff = np.abs(got - np.array(top_vals)).max()
         assert diff <= 2e-2, f"position {pos}: top-20 logits differ by {diff:.3e}"

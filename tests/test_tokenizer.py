@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, TOOLS, run_tool
+from conftest import FIXTURES, REPO, run_tool
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -168,7 +168,7 @@ def test_decode_oracle_ids(name, converted, oracle, cases_binary, tmp_path):
     id_lists = [hf.encode(t, add_special_tokens=True).ids for t in CASES]
     lines = ["D " + ",".join(map(str, ids)) for ids in id_lists]
     results = cases_binary(converted[name], lines, tmp_path)
-    for text, ids, got in zip(CASES, id_lists, results):
+    for text, ids, got in zip(CASES, id_lists, results, strict=True):
         assert text_of(got) == hf.decode(ids, skip_special_tokens=False), text[:60]
         assert got["streamed"] == got["decoded"]
 
@@ -184,7 +184,7 @@ def test_decode_every_token(name, converted, oracle, cases_binary, tmp_path):
     ids = ids[::step]
     results = cases_binary(converted[name], [f"D {i}" for i in ids], tmp_path)
     want = hf.decode_batch([[i] for i in ids], skip_special_tokens=False)
-    bad = [(i, text_of(r), w) for i, r, w in zip(ids, results, want) if text_of(r) != w]
+    bad = [(i, text_of(r), w) for i, r, w in zip(ids, results, want, strict=True) if text_of(r) != w]
     assert not bad, f"{len(bad)} tokens decode differently, e.g. {bad[:5]}"
 
 
@@ -371,7 +371,6 @@ def test_llama2c_tokenizer_bin(cases_binary, tmp_path):
     # The first 32768 pieces plus every piece of one or two characters (letters, digits, "▁x"),
     # renumbered in order, so that ordinary words merge instead of falling back to bytes.
     tokens = [t for t, i in by_id if i < 32768 or len(t) <= 2]
-    n = len(tokens)
     old_id = {t: i for t, i in by_id}
     tokens[0], tokens[1], tokens[2] = "<unk>", "<s>", "</s>"
     keep = set(tokens)
@@ -396,7 +395,7 @@ def test_llama2c_tokenizer_bin(cases_binary, tmp_path):
     raw = [p.encode("utf-8") for p in pieces]
     with open(tmp_path / "tokenizer.bin", "wb") as f:
         f.write(struct.pack("<i", max(map(len, raw))))
-        for t, b in zip(tokens, raw):  # SentencePiece scores: the original rank
+        for t, b in zip(tokens, raw, strict=True):  # SentencePiece scores: the original rank
             f.write(struct.pack("<fi", -float(old_id.get(t, 0)), len(b)) + b)
     mlt = tmp_path / "t.mlt"
     run_tool("convert_tokenizer.py", tmp_path / "tokenizer.bin", "-o", mlt)

@@ -88,7 +88,7 @@ def load_imatrix(path):
         with np.load(path) as z:
             return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
     except (OSError, ValueError) as e:
-        raise ConvertError(f"{path}: cannot read importance matrix ({e})")
+        raise ConvertError(f"{path}: cannot read importance matrix ({e})") from e
 
 
 def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None):

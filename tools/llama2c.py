@@ -18,7 +18,10 @@ from source_llama2c import LLAMA2C_MAGIC
 
 def _layers(meta, W):
     L, H, Hkv = meta["n_layers"], meta["n_heads"], meta["n_kv_heads"]
-    g = lambda k: [W[f"blk.{i}.{k}"] for i in range(L)]  # noqa: E731
+
+    def g(k):
+        return [W[f"blk.{i}.{k}"] for i in range(L)]
+
     return {
         "attn_norm": g("attn_norm"), "ffn_norm": g("ffn_norm"),
         "q": [permute_to_interleaved(a, H) for a in g("attn_q")],
@@ -43,7 +46,10 @@ def write_v0(path, meta, W):
     seq = meta["context_length"]
     with open(path, "wb") as f:
         f.write(struct.pack("<7i", *p))
-        w = lambda a: f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())  # noqa: E731
+
+        def w(a):
+            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+
         w(W["token_embd"])
         for key in ("attn_norm", "q", "k", "v", "o", "ffn_norm", "w1", "w2", "w3"):
             for a in ly[key]:
@@ -80,7 +86,10 @@ def write_v1(path, meta, W):
     ly = _layers(meta, W)
     with open(path, "wb") as f:
         _header(f, 1, meta, shared)
-        w = lambda a: f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())  # noqa: E731
+
+        def w(a):
+            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+
         for a in ly["attn_norm"] + ly["ffn_norm"] + [W["output_norm"]]:
             w(a)
         for a in _order(meta, W, ly, shared):

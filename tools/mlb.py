@@ -127,7 +127,10 @@ def q4_0_scales(b, rule="fit", scale_dtype=np.float16, factors=None, mirror=Fals
         return d0.astype(scale_dtype), q0
     if rule != "fit":
         raise ValueError(f"unknown q4 scale rule {rule!r}")
-    rnd = (lambda d: d.astype(scale_dtype).astype(np.float32))
+
+    def rnd(d):  # the scale as stored
+        return d.astype(scale_dtype).astype(np.float32)
+
     best_d = rnd(d0)
     best_q = q0
     w = None if weights is None else np.asarray(weights, dtype=np.float32).reshape(b.shape)

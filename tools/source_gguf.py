@@ -5,6 +5,8 @@ Besides the metadata keys, llama.cpp's conventions are undone here: q/k rows
 permuted to interleaved RoPE (LlamaModel families), Gemma norms stored as
 1 + w, values llama.cpp hard-codes instead of storing (families.py).
 """
+import functools
+
 import numpy as np
 
 import families
@@ -149,10 +151,8 @@ def load_gguf(path):
             tf = None
             if base.endswith("norm"):
                 tf = norm_tf
-            elif perm and base == "attn_q":
-                tf = (lambda a: unpermute_interleaved(a, H))
-            elif perm and base == "attn_k":
-                tf = (lambda a: unpermute_interleaved(a, Hkv))
+            elif perm and base in ("attn_q", "attn_k"):
+                tf = functools.partial(unpermute_interleaved, n_head=H if base == "attn_q" else Hkv)
             tensors[f"blk.{i}.{out}"] = gt(f"blk.{i}.{n}", tf)
     tensors["output_norm"] = gt("output_norm.weight", norm_tf)
     if not meta["tie_embeddings"]:
