@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 # tools/ is on sys.path: conftest, which pytest loads before this module, puts it there
+import families
 import llama2c
 import mlb
 import reference_forward as rf
@@ -285,6 +286,26 @@ def test_hf_metadata_details():
     outer = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
              "text_config": inner, "vision_config": {"hidden_size": 8}}
     assert hf_meta(outer) == hf_meta(inner)
+
+
+def test_family_layer_patterns():
+    """families.py's default layer patterns, and a source's period overriding them."""
+    S, F = families.SLIDING, families.FULL
+    fam = families.FAMILIES
+    assert fam["gemma2"].layer_kinds(4) == [S, F, S, F]
+    assert fam["gemma3"].layer_kinds(7) == [S, S, S, S, S, F, S]
+    assert fam["gemma3"].layer_kinds(4, period=2) == [S, F, S, F]
+    assert fam["gemma3"].layer_kinds(3, period=0) == [S, S, S]  # llama.cpp: period 0 = every layer slides
+    assert fam["mistral"].layer_kinds(3, window=8) == [S, S, S] and fam["mistral"].layer_kinds(3) is None
+    assert fam["qwen2"].layer_kinds(4, window=8, window_from=2) == [F, F, S, S]
+    assert fam["qwen2"].layer_kinds(4, window=8) == [F, F, F, F]  # max_window_layers defaults to every layer
+    assert fam["llama"].layer_kinds(4, window=8, period=2) is None
+    assert families.from_hf("gemma3_text", None) is fam["gemma3"]
+    assert families.from_hf(None, ["Foo", "Qwen3_5ForConditionalGeneration"]) is fam["qwen3_5"]
+    assert families.from_gguf("gemma3") is fam["gemma3"] and families.from_gguf("qwen3_5") is None
+    # both readers take the fixed traits from the table: Gemma 3 from HF has them all
+    m = hf_meta(json.loads((TINY / "gemma3-local-global" / "config.json").read_text()))[1]
+    assert fam["gemma3"].traits(m["hidden_size"]).items() <= m.items()
 
 
 # --------------------------------------------------------------------------

@@ -65,7 +65,7 @@ class Family:
 
     def layer_kinds(self, n_layers, window=None, period=None, window_from=None):
         """Per-layer kinds (FULL / SLIDING) from the family's default pattern, or
-        None when every layer is full attention.
+        None when the pattern does not apply (every layer is full attention).
 
         window: the sliding window the source gives (and enables), if any;
         period: the source's own period for a "periodic" family (llama.cpp's
