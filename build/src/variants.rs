@@ -1,9 +1,21 @@
 //! The build variants: the one table of what each per-ISA executable is
 //! compiled with and which CPU features it needs. Shared, through `#[path]`,
-//! by `cargo xtask` (dist, release, kernel-tests), the start-up CPU guard
-//! (`variants/src/guard.rs`) and the launcher `ml_run` (`launcher/src/`),
-//! which picks the first variant of `variants_for(ARCH)` this CPU supports.
-//! Plain `core` only, so any crate can include it.
+//! by every crate that needs it, and the only place these lists are spelled:
+//!
+//! * `cargo xtask` (dist, release, kernel-tests) compiles variant v with
+//!   `-C target-feature=v.rustc_features`;
+//! * the inference crate's build script (`shared/build.rs`) picks the
+//!   variant whose `rustc_features` the compiler was given, selects its
+//!   kernel module by that name (`cfg(krafla_isa = "...")`), writes the
+//!   `#[target_feature]` attribute of every kernel function from the row,
+//!   and fails the build if the features the compiler enables differ from
+//!   `cpu_features`;
+//! * the start-up CPU guard (`variants/src/guard*.rs`) checks the row's
+//!   `cpu_features`;
+//! * the launcher `ml_run` (`launcher/src/`) picks the first variant of
+//!   `variants_for(ARCH)` whose `cpu_features` this CPU has.
+//!
+//! Plain `core` only, so any crate (and a build script) can include it.
 
 #![allow(dead_code)]
 
@@ -111,8 +123,10 @@ pub struct Variant {
     /// rustc target features on top of the target's baseline (for `-C target-feature=`).
     pub rustc_features: &'static str,
     /// CPU features to check (names in `CPU_FEATURES`, or `AARCH64_FEATURES` /
-    /// `ARM_FEATURES` for ARM variants): exactly the features
-    /// `rustc_features` enables, with the ones they imply.
+    /// `ARM_FEATURES` for ARM variants), the one that names the build first:
+    /// exactly the features of that table that `rustc_features` enables,
+    /// with the ones they imply (`shared/build.rs` checks this against the
+    /// compiler on every build).
     pub cpu_features: &'static [&'static str],
 }
 
@@ -135,12 +149,13 @@ pub const X86_64_VARIANTS: &[Variant] = &[
     Variant { name: "sse2", rustc_features: "", cpu_features: &[] },
 ];
 
-/// AArch64 variants, fastest first. NEON (ASIMD) is the AArch64 baseline.
+/// AArch64 variants, fastest first. NEON (ASIMD) is the AArch64 baseline:
+/// rustc enables it by default, and every build checks it.
 pub const AARCH64_VARIANTS: &[Variant] = &[
     Variant { name: "sve", rustc_features: "+dotprod,+i8mm,+sve", cpu_features: &["sve", "i8mm", "dotprod", "neon"] },
     Variant { name: "i8mm", rustc_features: "+dotprod,+i8mm", cpu_features: &["i8mm", "dotprod", "neon"] },
     Variant { name: "neon_dotprod", rustc_features: "+dotprod", cpu_features: &["dotprod", "neon"] },
-    Variant { name: "neon", rustc_features: "", cpu_features: &[] },
+    Variant { name: "neon", rustc_features: "", cpu_features: &["neon"] },
 ];
 
 /// 32-bit ARM (armv7hf) variants: one, armv7-a with NEON and VFPv4 (every
@@ -165,4 +180,44 @@ pub fn variants_for(arch: &str) -> &'static [Variant] {
 /// The slowest variant of `variants` (the last), the one that needs least.
 pub fn baseline(variants: &'static [Variant]) -> Option<&'static Variant> {
     variants.last()
+}
+
+/// The target feature every CPU of an architecture has and rustc enables
+/// by default, which the baseline rows leave out of `rustc_features` but a
+/// kernel's `#[target_feature]` attribute must still name (x86-64's SSE2
+/// intrinsics need `sse2`, AArch64's NEON intrinsics `neon`).
+pub fn arch_baseline_feature(arch: &str) -> Option<&'static str> {
+    match arch.as_bytes() {
+        b"x86_64" => Some("sse2"),
+        b"aarch64" => Some("neon"),
+        _ => None,
+    }
+}
+
+/// The variant called `name` among `variants` (usable in `const` code).
+pub const fn find(variants: &'static [Variant], name: &str) -> Option<&'static Variant> {
+    let mut i = 0;
+    while i < variants.len() {
+        if str_eq(variants[i].name, name) {
+            return Some(&variants[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// `a == b`, usable in `const` code.
+pub const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

@@ -183,8 +183,23 @@ mod tests {
         "avx512cd", "avx512bw", "avx512dq", "avx512vl",
     ];
     const CASCADE_LAKE: &[&str] = &[
-        "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "f16c", "fma", "avx2", "bmi1", "bmi2", "avx512f",
-        "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512vnni",
+        "sse3",
+        "ssse3",
+        "sse4.1",
+        "sse4.2",
+        "popcnt",
+        "avx",
+        "f16c",
+        "fma",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "avx512f",
+        "avx512cd",
+        "avx512bw",
+        "avx512dq",
+        "avx512vl",
+        "avx512vnni",
     ];
 
     #[test]

@@ -7,7 +7,7 @@
 
 use half::f16;
 
-use crate::kernels::{arch, kv_rows};
+use crate::kernels::{Arch, Kernels};
 use crate::quant::{dequant_q8, BlockQ8Act, BlockQ8_0, QK};
 
 /// Element type of the cache.
@@ -99,7 +99,7 @@ impl Store {
     fn read(&self, at: usize, out: &mut [f32]) {
         match self {
             Store::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
-            Store::F16(v) => arch::f16_to_f32(&v[at..at + out.len()], out),
+            Store::F16(v) => Arch::f16_to_f32(&v[at..at + out.len()], out),
             Store::Q8(v) => dequant_q8(&v[at / QK..(at + out.len()) / QK], out),
         }
     }
@@ -123,7 +123,7 @@ pub struct Query<'a> {
 
 impl KvCache {
     pub fn new(ty: KvType, layers: usize, ctx: usize, row: usize, head_dim: usize) -> Result<KvCache, String> {
-        if ty == KvType::Q8 && head_dim % QK != 0 {
+        if ty == KvType::Q8 && !head_dim.is_multiple_of(QK) {
             return Err(format!("--kv q8 needs a head_dim that is a multiple of {QK} (this model's is {head_dim})"));
         }
         let n = layers.checked_mul(ctx).and_then(|v| v.checked_mul(row)).ok_or("KV cache size overflows")?;
@@ -160,9 +160,9 @@ impl KvCache {
         let at = self.offset(slot, pos) + head_off;
         let hd = q.x.len();
         match &self.keys {
-            Store::F32(v) => arch::dot_f32(q.x, &v[at..at + hd]),
-            Store::F16(v) => arch::dot_f16_f32(&v[at..at + hd], q.x),
-            Store::Q8(v) => arch::dot_q8(&v[at / QK..(at + hd) / QK], &q.q8),
+            Store::F32(v) => Arch::dot_f32(q.x, &v[at..at + hd]),
+            Store::F16(v) => Arch::dot_f16_f32(&v[at..at + hd], q.x),
+            Store::Q8(v) => Arch::dot_q8(&v[at / QK..(at + hd) / QK], &q.q8),
         }
     }
 
@@ -174,7 +174,7 @@ impl KvCache {
             Store::F32(v) if !out.is_empty() => {
                 let at = self.offset(slot, first) + head_off;
                 let end = at + (out.len() - 1) * self.row + q.x.len();
-                kv_rows::dot_f32_rows(q.x, &v[at..end], self.row, out);
+                Arch::dot_f32_rows(q.x, &v[at..end], self.row, out);
             }
             _ => {
                 for (i, o) in out.iter_mut().enumerate() {
@@ -199,7 +199,7 @@ impl KvCache {
             Store::F32(v) if !weights.is_empty() => {
                 let at = self.offset(slot, first) + head_off;
                 let end = at + (weights.len() - 1) * self.row + out.len();
-                kv_rows::axpy_rows(weights, &v[at..end], self.row, out);
+                Arch::axpy_rows(weights, &v[at..end], self.row, out);
             }
             _ => {
                 for (i, &w) in weights.iter().enumerate() {
@@ -220,10 +220,10 @@ impl KvCache {
     ) {
         let at = self.offset(slot, pos) + head_off;
         match &self.values {
-            Store::F32(v) => arch::axpy(w, &v[at..at + out.len()], out),
+            Store::F32(v) => Arch::axpy(w, &v[at..at + out.len()], out),
             other => {
                 other.read(at, scratch);
-                arch::axpy(w, scratch, out);
+                Arch::axpy(w, scratch, out);
             }
         }
     }

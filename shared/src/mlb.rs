@@ -59,7 +59,7 @@ impl TensorType {
     /// `n` does not fit the type's block size or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let blocks = |block_bytes: usize| -> Option<u64> {
-            if n % QK as u64 != 0 {
+            if !n.is_multiple_of(QK as u64) {
                 return None;
             }
             (n / QK as u64).checked_mul(block_bytes as u64)
@@ -181,7 +181,7 @@ impl<'a> Cursor<'a> {
         if n > max {
             return Err(format!("{what} {n} exceeds the limit {max}"));
         }
-        let need = (n as usize).checked_mul(elem_bytes).unwrap_or(usize::MAX);
+        let need = (n as usize).saturating_mul(elem_bytes);
         if need > self.bytes.len() - self.pos {
             return Err(format!("truncated: {what} {n} needs more bytes than the file has"));
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::kernels::{arch, matmul, matmul_group, rows8, Input, MatRef, Packed, WeightData};
+use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels, MatRef, Packed, WeightData};
 use crate::kvcache::{try_alloc, KvCache, KvType};
 use crate::mlb::{Mlb, TensorInfo, TensorType};
 use crate::quant::{
@@ -490,7 +490,7 @@ impl Model {
         let c = &config;
         let (d, f, v, hd) = (c.hidden_size, c.ffn_dim, c.vocab_size, c.head_dim);
         let q_rows = c.q_dim() * if c.attn_output_gate { 2 } else { 1 };
-        let loader = Loader { file: &file, repack: options.repack && rows8::AVAILABLE };
+        let loader = Loader { file: &file, repack: options.repack && Arch::ROWS8 };
         let token_embd = loader.matrix("token_embd", v, d)?;
         let output = if c.tie_embeddings { token_embd.clone() } else { loader.matrix("output", v, d)? };
         let output_norm = loader.vector("output_norm", d, c.norm_unit_offset)?;
@@ -659,8 +659,8 @@ impl Model {
             matmul_group(&mut [(&wg, &mut gate[..]), (&wu, &mut up[..])], &input);
             gate.par_chunks_mut(c.ffn_dim).zip(up.par_chunks(c.ffn_dim)).with_min_len(8).for_each(|(g, u)| {
                 match c.activation {
-                    Activation::Silu => arch::silu_mul(g, u),
-                    Activation::GeluTanh => arch::gelu_tanh_mul(g, u),
+                    Activation::Silu => Arch::silu_mul(g, u),
+                    Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
                 }
             });
             matmul(&self.mat(&layer.ffn_down), &Input::new(&gate, c.ffn_dim), &mut proj);
@@ -798,7 +798,7 @@ impl Model {
                 delta_rule_step(s, &q, &k, v, g.exp(), beta, dk, dv, o);
                 // Gated RMSNorm: rmsnorm(o) · w · silu(z)
                 let mut normed = vec![0.0f32; dv];
-                arch::rmsnorm(o, &w.norm, c.norm_eps, 0.0, &mut normed);
+                Arch::rmsnorm(o, &w.norm, c.norm_eps, &mut normed);
                 for (e, ov) in o.iter_mut().enumerate() {
                     let zv = z_t[j * dv + e];
                     *ov = normed[e] * (zv / (1.0 + (-zv).exp()));
@@ -811,7 +811,7 @@ impl Model {
 
 /// x / sqrt(Σx² + 1e-6), as transformers' l2norm in the DeltaNet kernel.
 fn l2norm(x: &[f32]) -> Vec<f32> {
-    let inv = 1.0 / (arch::dot_f32(x, x) + 1e-6).sqrt();
+    let inv = 1.0 / (Arch::dot_f32(x, x) + 1e-6).sqrt();
     x.iter().map(|v| v * inv).collect()
 }
 
@@ -841,21 +841,24 @@ fn delta_rule_step(
     s.iter_mut().for_each(|x| *x *= decay);
     let mut kv_mem = vec![0.0f32; dv];
     for d in 0..dk {
-        arch::axpy(k[d], &s[d * dv..(d + 1) * dv], &mut kv_mem);
+        Arch::axpy(k[d], &s[d * dv..(d + 1) * dv], &mut kv_mem);
     }
     let delta: Vec<f32> = v.iter().zip(&kv_mem).map(|(vv, m)| (vv - m) * beta).collect();
     for d in 0..dk {
-        arch::axpy(k[d], &delta, &mut s[d * dv..(d + 1) * dv]);
+        Arch::axpy(k[d], &delta, &mut s[d * dv..(d + 1) * dv]);
     }
     o.fill(0.0);
     for d in 0..dk {
-        arch::axpy(q[d], &s[d * dv..(d + 1) * dv], o);
+        Arch::axpy(q[d], &s[d * dv..(d + 1) * dv], o);
     }
 }
 
 /// Reinterprets validated file bytes as a slice of `T`.
 fn cast<T>(bytes: &[u8]) -> &[T] {
-    assert!(bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 && bytes.len() % std::mem::size_of::<T>() == 0);
+    assert!(
+        bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0
+            && bytes.len().is_multiple_of(std::mem::size_of::<T>())
+    );
     // SAFETY: alignment and length were asserted just above; T is a plain-old-data
     // type (f32, f16 or a #[repr(C)] block of integers/floats) valid for any bits.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / std::mem::size_of::<T>()) }
@@ -894,7 +897,7 @@ impl Loader<'_> {
             let what = format!("{}: tensor '{name}'", self.file.path);
             m.packed = match t.ttype {
                 TensorType::Q8_0 => {
-                    Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, rows8::Q8_X8_BIAS, &what)?))
+                    Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?))
                 }
                 TensorType::Q4_0 => Some(PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?)),
                 _ => None,
@@ -942,7 +945,7 @@ impl Loader<'_> {
 }
 
 fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).with_min_len(8).for_each(|(o, r)| arch::rmsnorm(r, w, eps, 0.0, o));
+    out.par_chunks_mut(d).zip(x.par_chunks(d)).with_min_len(8).for_each(|(o, r)| Arch::rmsnorm(r, w, eps, o));
 }
 
 fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
@@ -955,7 +958,7 @@ fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
 fn head_rmsnorm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
     let mut tmp = vec![0.0f32; hd];
     for head in x.chunks_exact_mut(hd) {
-        arch::rmsnorm(head, w, eps, 0.0, &mut tmp);
+        Arch::rmsnorm(head, w, eps, &mut tmp);
         head.copy_from_slice(&tmp);
     }
 }
@@ -1046,7 +1049,7 @@ fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, wind
                 *s = c.attn_softcap * (*s / c.attn_softcap).tanh();
             }
         }
-        arch::softmax(&mut scores);
+        Arch::softmax(&mut scores);
         o.fill(0.0);
         let mut scratch = vec![0.0f32; hd];
         kv.accumulate_values(slot, first, kv_off, &scores, o, &mut scratch);

@@ -76,7 +76,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
 /// Interleaves `bytes(row k, block b)` of eight-row groups into `out`:
 /// rows ⌊rows/8⌋·8 of a [rows][nb] matrix, group g's block b at g·nb + b.
 fn repack_x8<B, X>(w: &[B], nb: usize, what: &str, make: impl Fn([&B; ROWS8]) -> X) -> Result<Vec<X>, String> {
-    let groups = if nb == 0 { 0 } else { w.len() / nb / ROWS8 };
+    let groups = w.len().checked_div(nb).unwrap_or(0) / ROWS8;
     let mut out = Vec::new();
     out.try_reserve_exact(groups * nb)
         .map_err(|_| format!("out of memory repacking {what} ({} bytes)", groups * nb * std::mem::size_of::<X>()))?;

@@ -1,10 +1,11 @@
 //! Start-up CPU guard (x86-64 Linux and Windows): a `global_asm!` routine
 //! that runs before `main` and before any Rust code compiled with this
 //! build's target features. It checks, with CPUID (and XGETBV for the
-//! OS-enabled YMM / ZMM register state), every CPU feature this build was
-//! compiled with (`cfg!(target_feature = ...)` over the feature table in
-//! build/src/variants.rs), and on a miss writes one line to stderr and ends
-//! the process with exit code 3. The routine uses only baseline x86-64
+//! OS-enabled YMM / ZMM register state), every CPU feature of this build's
+//! row of the variant table (build/src/variants.rs; shared/build.rs fails
+//! the build if the row differs from the features the compiler enables),
+//! and on a miss writes one line to stderr and ends the process with exit
+//! code 3. The routine uses only baseline x86-64
 //! instructions (CPUID, XGETBV only after OSXSAVE is seen).
 //!
 //! * Linux: registered in `.init_array` (priority 0, before std's own
@@ -17,23 +18,26 @@
 //!   (32-byte shadow space, 16-byte aligned stack). The same routine serves
 //!   both: only the failure path and the section directives differ.
 
-#[path = "../../build/src/variants.rs"]
-mod table;
+use crate::table::{find, str_eq, CpuFeature, Variant, CPU_FEATURES, X86_64_VARIANTS};
 
-use table::CPU_FEATURES;
+/// This build's row of the variant table: the features it needs, in the
+/// order they are checked (the one that names the build first).
+const VARIANT: &Variant = match find(X86_64_VARIANTS, krafla::kernels::ISA) {
+    Some(v) => v,
+    None => panic!("this build's kernel set is not a row of X86_64_VARIANTS"),
+};
+const N: usize = VARIANT.cpu_features.len();
 
-use crate::guard_message::str_eq;
-
-/// Whether this build was compiled with the feature `name` (one of `CPU_FEATURES`).
-const fn compiled(name: &str) -> bool {
-    macro_rules! lookup {
-        ($($n:tt)*) => {
-            $( if str_eq(name, $n) { return cfg!(target_feature = $n); } )*
-        };
+/// The `CPU_FEATURES` entry called `name`.
+const fn feature(name: &str) -> &'static CpuFeature {
+    let mut i = 0;
+    while i < CPU_FEATURES.len() {
+        if str_eq(CPU_FEATURES[i].name, name) {
+            return &CPU_FEATURES[i];
+        }
+        i += 1;
     }
-    lookup!("avx512vnni" "avx512bw" "avx512vl" "avx512dq" "avx512cd" "avx512f" "avx2" "fma" "f16c" "bmi2" "bmi1"
-            "avx" "popcnt" "sse4.2" "sse4.1" "ssse3" "sse3");
-    panic!("a feature of CPU_FEATURES is missing from guard.rs's lookup list")
+    panic!("X86_64_VARIANTS names a feature CPU_FEATURES lacks")
 }
 
 const MSG_CAP: usize = 168;
@@ -52,38 +56,23 @@ pub struct Check {
 const CHECK_SIZE: usize = core::mem::size_of::<Check>();
 const _: () = assert!(CHECK_SIZE == 24 + MSG_CAP);
 
-/// Number of features this build needs.
-const N: usize = {
-    let mut n = 0;
-    let mut i = 0;
-    while i < CPU_FEATURES.len() {
-        if compiled(CPU_FEATURES[i].name) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-};
-
 /// The refusal message for `feature` (see `guard_message`).
 const fn message(feature: &str) -> ([u8; MSG_CAP], u32) {
     let (msg, len) = crate::guard_message::refusal::<MSG_CAP>(feature);
     (msg, len as u32)
 }
 
-/// The checks, in `CPU_FEATURES` order, plus one unused entry so the table is never empty.
+/// The checks, in the row's order, plus one unused entry so the table is never empty.
 #[used]
 static CHECKS: [Check; N + 1] = {
     const EMPTY: Check = Check { leaf: 0, subleaf: 0, reg: 0, mask: 0, xcr0: 0, len: 0, msg: [0; MSG_CAP] };
     let mut out = [EMPTY; N + 1];
-    let (mut i, mut k) = (0, 0);
-    while i < CPU_FEATURES.len() {
-        let f = &CPU_FEATURES[i];
-        if compiled(f.name) {
-            let (msg, len) = message(f.name);
-            out[k] = Check { leaf: f.leaf, subleaf: f.subleaf, reg: f.reg as u32, mask: 1 << f.bit, xcr0: f.xcr0, len, msg };
-            k += 1;
-        }
+    let mut i = 0;
+    while i < VARIANT.cpu_features.len() {
+        let f = feature(VARIANT.cpu_features[i]);
+        let (msg, len) = message(f.name);
+        out[i] =
+            Check { leaf: f.leaf, subleaf: f.subleaf, reg: f.reg as u32, mask: 1 << f.bit, xcr0: f.xcr0, len, msg };
         i += 1;
     }
     out
@@ -158,6 +147,12 @@ macro_rules! check_loop {
     };
 }
 
+// SAFETY: the routine follows the System V ABI (it saves rbx and r12–r15,
+// which it uses, and returns with the stack as it found it), reads only
+// CHECKS (N + 1 entries of CHECK_SIZE bytes; the loop visits the first N),
+// runs CPUID, and XGETBV only after CPUID says the OS enabled it; on a miss
+// it only writes CHECKS' message bytes to fd 2 and exits. It runs before any
+// Rust code, so it touches no Rust state.
 #[cfg(target_os = "linux")]
 core::arch::global_asm!(
     ".pushsection .text.krafla_cpu_guard,\"ax\",@progbits",
@@ -196,6 +191,9 @@ extern "system" {
     fn ExitProcess(code: u32) -> !;
 }
 
+// SAFETY: as the Linux routine; the failure path calls GetStdHandle,
+// WriteFile and ExitProcess with the Win64 convention (32-byte shadow space,
+// a 16-byte aligned stack, the fifth argument on the stack).
 #[cfg(windows)]
 core::arch::global_asm!(
     ".pushsection .text$krafla_cpu_guard,\"xr\"",

@@ -2,37 +2,27 @@
 //! `.init_array` (priority 0, before std's own constructors and so before any
 //! Rust code compiled with this build's target features) that asks the
 //! kernel's auxiliary vector, through libc's `getauxval(AT_HWCAP)` /
-//! `getauxval(AT_HWCAP2)`, for every CPU feature this build was compiled with
-//! (`cfg!(target_feature = ...)` over `AARCH64_FEATURES` in
-//! build/src/variants.rs: `dotprod` = HWCAP_ASIMDDP, `sve` = HWCAP_SVE,
-//! `i8mm` = HWCAP2_I8MM, ...). On a miss it writes one line to stderr with a
+//! `getauxval(AT_HWCAP2)`, for every CPU feature of this build's row of the
+//! variant table (build/src/variants.rs; shared/build.rs fails the build if
+//! the row differs from the features the compiler enables; bits from
+//! `AARCH64_FEATURES`: `dotprod` = HWCAP_ASIMDDP, `sve` = HWCAP_SVE, `i8mm` =
+//! HWCAP2_I8MM, ...). On a miss it writes one line to stderr with a
 //! raw `write` syscall and ends the process with `exit_group(3)`, the same
 //! contract as the x86-64 guard (variants/src/guard.rs). The routine uses only
 //! baseline A64 instructions; `getauxval` is plain glibc code, and glibc has
 //! set up the auxiliary vector before it runs `.init_array` (static and
 //! dynamic executables alike).
 
-#[path = "../../build/src/variants.rs"]
-mod table;
+use crate::table::{find, str_eq, Hwcap, HwcapFeature, Variant, AARCH64_FEATURES, AARCH64_VARIANTS};
 
-use table::{Hwcap, AARCH64_FEATURES};
-
-use crate::guard_message::str_eq;
-
-/// Whether this build was compiled with the feature `name` (one of `AARCH64_FEATURES`).
-const fn compiled(name: &str) -> bool {
-    macro_rules! lookup {
-        ($($n:tt)*) => {
-            $( if str_eq(name, $n) { return cfg!(target_feature = $n); } )*
-        };
-    }
-    lookup!("sve2" "sve" "i8mm" "bf16" "dotprod" "fp16" "neon");
-    panic!("a feature of AARCH64_FEATURES is missing from guard_aarch64.rs's lookup list")
-}
-
-/// The order of the checks: the feature that names a build first (an SVE
+/// This build's row of the variant table: the features it needs, in the
+/// order they are checked (the one that names the build first: an SVE
 /// build on a CPU without SVE, i8mm and dotprod is told about 'sve').
-const ORDER: [&str; 7] = ["sve2", "sve", "i8mm", "bf16", "dotprod", "fp16", "neon"];
+const VARIANT: &Variant = match find(AARCH64_VARIANTS, krafla::kernels::ISA) {
+    Some(v) => v,
+    None => panic!("this build's kernel set is not a row of AARCH64_VARIANTS"),
+};
+const N: usize = VARIANT.cpu_features.len();
 
 /// Linux `AT_HWCAP` / `AT_HWCAP2` (`getauxval`'s argument).
 const AT_HWCAP: u64 = 16;
@@ -54,7 +44,7 @@ const CHECK_SIZE: usize = core::mem::size_of::<Check>();
 const _: () = assert!(CHECK_SIZE == 24 + MSG_CAP);
 
 /// The `AARCH64_FEATURES` entry called `name`.
-const fn feature(name: &str) -> &'static table::HwcapFeature {
+const fn feature(name: &str) -> &'static HwcapFeature {
     let mut i = 0;
     while i < AARCH64_FEATURES.len() {
         if str_eq(AARCH64_FEATURES[i].name, name) {
@@ -62,29 +52,8 @@ const fn feature(name: &str) -> &'static table::HwcapFeature {
         }
         i += 1;
     }
-    panic!("guard_aarch64.rs's ORDER names a feature AARCH64_FEATURES lacks")
+    panic!("AARCH64_VARIANTS names a feature AARCH64_FEATURES lacks")
 }
-
-/// Number of features this build needs (every table entry must be in ORDER).
-const N: usize = {
-    let mut n = 0;
-    let mut i = 0;
-    while i < AARCH64_FEATURES.len() {
-        let name = AARCH64_FEATURES[i].name;
-        let mut listed = false;
-        let mut k = 0;
-        while k < ORDER.len() {
-            listed |= str_eq(ORDER[k], name);
-            k += 1;
-        }
-        assert!(listed, "a feature of AARCH64_FEATURES is missing from guard_aarch64.rs's ORDER");
-        if compiled(name) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-};
 
 /// The refusal message for `feature` (see `guard_message`).
 const fn message(feature: &str) -> ([u8; MSG_CAP], u64) {
@@ -92,23 +61,20 @@ const fn message(feature: &str) -> ([u8; MSG_CAP], u64) {
     (msg, len as u64)
 }
 
-/// The checks, in `ORDER`, plus one unused entry so the table is never empty.
+/// The checks, in the row's order, plus one unused entry so the table is never empty.
 #[used]
 static CHECKS: [Check; N + 1] = {
     const EMPTY: Check = Check { at: 0, mask: 0, len: 0, msg: [0; MSG_CAP] };
     let mut out = [EMPTY; N + 1];
-    let (mut i, mut k) = (0, 0);
-    while i < ORDER.len() {
-        if compiled(ORDER[i]) {
-            let f = feature(ORDER[i]);
-            let (msg, len) = message(f.name);
-            let at = match f.word {
-                Hwcap::Hwcap => AT_HWCAP,
-                Hwcap::Hwcap2 => AT_HWCAP2,
-            };
-            out[k] = Check { at, mask: 1 << f.bit, len, msg };
-            k += 1;
-        }
+    let mut i = 0;
+    while i < N {
+        let f = feature(VARIANT.cpu_features[i]);
+        let (msg, len) = message(f.name);
+        let at = match f.word {
+            Hwcap::Hwcap => AT_HWCAP,
+            Hwcap::Hwcap2 => AT_HWCAP2,
+        };
+        out[i] = Check { at, mask: 1 << f.bit, len, msg };
         i += 1;
     }
     out

@@ -4,10 +4,11 @@
 //! auxiliary vector, through glibc's `getauxval(AT_HWCAP)`, for the CPU
 //! features of the one armv7hf build (`ARM_VARIANTS[0].cpu_features` in
 //! build/src/variants.rs, in that order: `neon` = HWCAP_NEON, `vfp4` =
-//! HWCAP_VFPv4, bits from `ARM_FEATURES`). rustc's `neon` and `vfp4` are
-//! unstable on this target and invisible to `cfg!`, so unlike the x86-64 and
-//! AArch64 guards this one does not ask the compiler which features the
-//! build has: every armv7hf build needs both, and they are always checked.
+//! HWCAP_VFPv4, bits from `ARM_FEATURES`), as the other guards check their
+//! build's row. rustc's `neon` and `vfp4` are unstable on this target and
+//! invisible to `cfg!`, so the build script cannot compare the row with the
+//! compiler's features here: every armv7hf build needs both, and they are
+//! always checked.
 //! On a miss it writes one line to stderr with a raw `write` syscall and ends
 //! the process with `exit_group(3)` (EABI: `svc #0`, syscall number in r7),
 //! the same contract as the other guards. The routine is A32 code using only
@@ -16,12 +17,7 @@
 //! code; `getauxval` is plain glibc code, and glibc has set up the auxiliary
 //! vector before it runs `.init_array` (static and dynamic executables alike).
 
-#[path = "../../build/src/variants.rs"]
-mod table;
-
-use table::{Hwcap, ARM_FEATURES, ARM_VARIANTS};
-
-use crate::guard_message::str_eq;
+use crate::table::{self, str_eq, Hwcap, ARM_FEATURES, ARM_VARIANTS};
 
 /// The features checked, in order: the armv7hf build's.
 const NEEDED: &[&str] = ARM_VARIANTS[0].cpu_features;

@@ -1,22 +1,6 @@
 //! What the CPU guards share: their one-line refusal, assembled at compile
 //! time so the guard routines (which run before `main`) only copy bytes to
-//! stderr, and string equality for their compile-time table lookups.
-
-/// `a == b`, usable in `const` code.
-pub const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
+//! stderr.
 
 /// `krafla: this build (ISA) needs the CPU feature 'NAME', which this CPU
 /// lacks; run ml_run to pick a build that fits\n` in a fixed buffer, and its length.

@@ -1,130 +1,198 @@
 //! Portable kernels: plain Rust, no target features assumed.
 //!
-//! This module is both the kernel set of builds without an ISA module and the
-//! scalar reference every ISA module is tested against. Every ISA module
-//! (`kernels/<isa>.rs`) exports these same function names and signatures.
+//! `Portable` is both the kernel set of builds for an architecture without
+//! an ISA module and the scalar reference every ISA module is tested
+//! against, bit for bit.
 //!
 //! Reductions run in a fixed order that does not depend on threads or batch
 //! size; integer parts of quantised dot products are exact.
 
 use half::f16;
 
+use super::set::Kernels;
 use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
-/// Σ a[i]·b[i] with eight interleaved partial sums combined pairwise.
-#[inline]
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut tail = 0.0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
-    }
-    combine8(acc) + tail
-}
+/// The scalar kernel set.
+pub struct Portable;
 
-/// Σ w[i]·x[i] for f16 weights, same summation order as `dot_f32`.
-#[inline]
-pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
-    debug_assert_eq!(w.len(), x.len());
-    let mut acc = [0.0f32; 8];
-    let chunks = w.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += w[c * 8 + l].to_f32() * x[c * 8 + l];
-        }
-    }
-    let mut tail = 0.0f32;
-    for i in chunks * 8..w.len() {
-        tail += w[i].to_f32() * x[i];
-    }
-    combine8(acc) + tail
-}
+impl Kernels for Portable {
+    const ROWS8: bool = false;
+    /// Bias of the quants in `BlockQ8_0x8` for `dot_q8_r8` below: none.
+    const Q8_X8_BIAS: u8 = 0;
 
-/// Q8 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ q_w·q_x), the inner sum exact.
-///
-/// Reduction order (every ISA module follows it, so all builds agree bit for
-/// bit): block i adds (d_w·d_x)·isum as f32 into partial sum i % 8 (no FMA),
-/// and the eight partial sums are combined as in `dot_f32`.
-#[inline]
-pub fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-    let x = x.into();
-    debug_assert_eq!(w.len(), x.len());
-    let mut acc = [0.0f32; 8];
-    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
-        let mut isum = 0i32;
-        for (&a, &b) in bw.quants().iter().zip(&bx.qs) {
-            isum += a as i32 * b as i32;
-        }
-        acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
-    }
-    combine8(acc)
-}
-
-/// Q4 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ nibble·q_x − 8·Σ q_x),
-/// in `dot_q8`'s order.
-#[inline]
-pub fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-    let x = x.into();
-    debug_assert_eq!(w.len(), x.len());
-    let mut acc = [0.0f32; 8];
-    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
-        let mut isum = 0i32;
-        for (j, &byte) in bw.nibbles().iter().enumerate() {
-            isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
-            isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
-        }
-        isum -= 8 * bx.sum;
-        acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
-    }
-    combine8(acc)
-}
-
-/// Bias of the quants in `BlockQ8_0x8` for `dot_q8_r8` below: none.
-pub const Q8_X8_BIAS: u8 = 0;
-
-/// Eight interleaved Q8 rows (`quant::repack_q8_x8` with `Q8_X8_BIAS`) ·
-/// one activation row: row k's result is `dot_q8` of row k, same order.
-pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
-    debug_assert_eq!(w.len(), x.len());
-    let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
-    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
-        for (k, row) in acc.iter_mut().enumerate() {
-            let mut isum = 0i32;
-            for j in 0..QK {
-                let q = (bw.qs[32 * (j / 4) + 4 * k + j % 4] ^ Q8_X8_BIAS) as i8;
-                isum += q as i32 * bx.qs[j] as i32;
+    /// Σ a[i]·b[i] with eight interleaved partial sums combined pairwise.
+    #[inline]
+    fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        debug_assert_eq!(a.len(), b.len());
+        let mut acc = [0.0f32; 8];
+        let chunks = a.len() / 8;
+        for c in 0..chunks {
+            for l in 0..8 {
+                acc[l] += a[c * 8 + l] * b[c * 8 + l];
             }
-            row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
         }
+        let mut tail = 0.0f32;
+        for i in chunks * 8..a.len() {
+            tail += a[i] * b[i];
+        }
+        combine8(acc) + tail
     }
-    acc.map(combine8)
-}
 
-/// Eight interleaved Q4 rows (`quant::repack_q4_x8`) · one activation row:
-/// row k's result is `dot_q4` of row k, same order.
-pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
-    debug_assert_eq!(w.len(), x.len());
-    let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
-    for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
-        for (k, row) in acc.iter_mut().enumerate() {
+    /// Σ w[i]·x[i] for f16 weights, same summation order as `dot_f32`.
+    #[inline]
+    fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [0.0f32; 8];
+        let chunks = w.len() / 8;
+        for c in 0..chunks {
+            for l in 0..8 {
+                acc[l] += w[c * 8 + l].to_f32() * x[c * 8 + l];
+            }
+        }
+        let mut tail = 0.0f32;
+        for i in chunks * 8..w.len() {
+            tail += w[i].to_f32() * x[i];
+        }
+        combine8(acc) + tail
+    }
+
+    /// Q8 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ q_w·q_x), the inner sum exact.
+    ///
+    /// Reduction order (every ISA module follows it, so all builds agree bit for
+    /// bit): block i adds (d_w·d_x)·isum as f32 into partial sum i % 8 (no FMA),
+    /// and the eight partial sums are combined as in `dot_f32`.
+    #[inline]
+    fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
+        let x = x.into();
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [0.0f32; 8];
+        for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
             let mut isum = 0i32;
-            for j in 0..QK / 2 {
-                let byte = bw.qs[32 * (j / 4) + 4 * k + j % 4];
+            for (&a, &b) in bw.quants().iter().zip(&bx.qs) {
+                isum += a as i32 * b as i32;
+            }
+            acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
+        }
+        combine8(acc)
+    }
+
+    /// Q4 weights · Q8 activations: Σ_blocks d_w·d_x·(Σ nibble·q_x − 8·Σ q_x),
+    /// in `dot_q8`'s order.
+    #[inline]
+    fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
+        let x = x.into();
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [0.0f32; 8];
+        for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+            let mut isum = 0i32;
+            for (j, &byte) in bw.nibbles().iter().enumerate() {
                 isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
                 isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
             }
             isum -= 8 * bx.sum;
-            row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+            acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
+        }
+        combine8(acc)
+    }
+
+    /// Eight interleaved Q8 rows (`quant::repack_q8_x8` with `Q8_X8_BIAS`) ·
+    /// one activation row: row k's result is `dot_q8` of row k, same order.
+    fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+        for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+            for (k, row) in acc.iter_mut().enumerate() {
+                let mut isum = 0i32;
+                for j in 0..QK {
+                    let q = (bw.qs[32 * (j / 4) + 4 * k + j % 4] ^ Self::Q8_X8_BIAS) as i8;
+                    isum += q as i32 * bx.qs[j] as i32;
+                }
+                row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+            }
+        }
+        acc.map(combine8)
+    }
+
+    /// Eight interleaved Q4 rows (`quant::repack_q4_x8`) · one activation row:
+    /// row k's result is `dot_q4` of row k, same order.
+    fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+        for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+            for (k, row) in acc.iter_mut().enumerate() {
+                let mut isum = 0i32;
+                for j in 0..QK / 2 {
+                    let byte = bw.qs[32 * (j / 4) + 4 * k + j % 4];
+                    isum += (byte & 0x0f) as i32 * bx.qs[j] as i32;
+                    isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
+                }
+                isum -= 8 * bx.sum;
+                row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+            }
+        }
+        acc.map(combine8)
+    }
+
+    /// out = x / sqrt(mean(x²) + eps) · w.
+    #[inline]
+    fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        let ss = Self::dot_f32(x, x);
+        let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+        for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+            *o = v * inv * g;
         }
     }
-    acc.map(combine8)
+
+    /// In-place softmax.
+    #[inline]
+    fn softmax(x: &mut [f32]) {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0f32;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+
+    /// y += a·x
+    #[inline]
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        for (yv, &xv) in y.iter_mut().zip(x) {
+            *yv += a * xv;
+        }
+    }
+
+    /// gate ← silu(gate) · up  (SwiGLU)
+    #[inline]
+    fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    }
+
+    /// gate ← gelu_tanh(gate) · up  (GeGLU with the tanh approximation)
+    #[inline]
+    fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let x = *g;
+            *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
+        }
+    }
+
+    /// f16 → f32 conversion of a slice.
+    #[inline]
+    fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+
+    fn exp(x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = v.exp());
+    }
 }
 
 /// ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).
@@ -133,61 +201,18 @@ pub(crate) fn combine8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
-/// out = x / sqrt(mean(x²) + eps) · (w + offset), offset 0 or 1.
-#[inline]
-pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
-    let ss = dot_f32(x, x);
-    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * (g + offset);
+/// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
+/// into f32 position and multiplied by 2^112 (exact for normals and
+/// subnormals), infinities and NaNs (quieted, as `half` does) patched in.
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let rest = (h & 0x7fff) << 13;
+    let mut v = (f32::from_bits(rest) * f32::from_bits(0x7780_0000)).to_bits();
+    if rest >= 0x0f80_0000 {
+        v = rest | 0x7f80_0000 | if rest > 0x0f80_0000 { 0x0040_0000 } else { 0 };
     }
-}
-
-/// In-place softmax.
-#[inline]
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// y += a·x
-#[inline]
-pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv += a * xv;
-    }
-}
-
-/// gate ← silu(gate) · up  (SwiGLU)
-#[inline]
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-/// gate ← gelu_tanh(gate) · up  (GeGLU with the tanh approximation)
-#[inline]
-pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
-    }
-}
-
-/// f16 → f32 conversion of a slice.
-#[inline]
-pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
-    }
+    f32::from_bits(v | (h & 0x8000) << 16)
 }
 
 /// The x86 builds' `exp4` (`sse2::exp4`, a Cephes polynomial) as scalar IEEE

@@ -8,32 +8,44 @@
 //! the broadcast activations directly, −128·Σq after. The f32 kernels are
 //! AVX2's.
 
-#[cfg(test)]
-pub use super::avx2::vexp;
-pub use super::avx2::{
-    axpy, axpy_rows, dot_f16_f32, dot_f32, dot_f32_rows, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax,
-};
+use core::arch::x86_64::*;
 
-entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
-pub use imp::Q8_X8_BIAS;
+use super::avx2::float as avx2_float;
+use super::avx2::int8::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
+use crate::kernels::Kernels;
+use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
 
-mod imp {
-    use core::arch::x86_64::*;
+/// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
+pub struct Avx512Vnni;
 
-    use super::super::avx2::imp::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows_nibbles};
-    use super::super::avx2::rows8_n;
-    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
+impl Kernels for Avx512Vnni {
+    const ROWS8: bool = true;
+    const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
+    entry_points!(
+        avx2_float: dot_f32,
+        dot_f16_f32,
+        rmsnorm,
+        softmax,
+        axpy,
+        silu_mul,
+        gelu_tanh_mul,
+        f16_to_f32,
+        exp,
+        dot_f32_rows,
+        axpy_rows
+    );
+    entry_points!(self: dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+}
 
+isa_features!(
     /// A block's 32 u8 × i8 products (u = |w|, s = sign(x, w)) in eight exact i32 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn block_dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
     }
 
     /// Σ lo·x0 + hi·x1 (nibbles u8 × activations i8) in eight exact i32 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn pair_dot(lo: __m256i, hi: __m256i, x0: __m256i, x1: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
     }
@@ -42,8 +54,7 @@ mod imp {
     /// [-127, 127], so the sign never overflows) into `vpdpbusd`, exact i32
     /// lanes per block, eight blocks per step (avx2.rs's `q8_dot_n!`).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
+    pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q8_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
     }
@@ -51,8 +62,7 @@ mod imp {
     /// Q4 weights · Q8 activations: Σ nibble·q (unsigned nibbles straight
     /// into `vpdpbusd`, two blocks per vector) − 8·Σq per block (exact).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
+    pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q4_dot_n!(1, w, [x], |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))[0]
     }
@@ -60,22 +70,20 @@ mod imp {
     /// `dot_q8` of one weight row with four activation rows, |w| made once
     /// per block (each result bit-identical to `dot_q8`'s).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+    pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q8_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
     /// `dot_q4` of one weight row with four activation rows, the nibbles
     /// unpacked once per block pair (each result bit-identical to `dot_q4`'s).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+    pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
     }
+
     /// Eight rows' exact Σ nibble·q − 8·Σq for one interleaved Q4 block:
     /// unsigned nibbles straight into `vpdpbusd` (two chains), lanes = rows.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn q4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
         let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let _ = unroll!(4, |g| {
@@ -84,14 +92,15 @@ mod imp {
         });
         _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
     }
+);
 
-    /// Bias of the quants in `BlockQ8_0x8` for these kernels: 0x80, each
-    /// weight stored as w + 128 in an unsigned byte, so `vpdpbusd` takes it directly.
-    pub const Q8_X8_BIAS: u8 = 0x80;
+/// Bias of the quants in `BlockQ8_0x8` for these kernels: 0x80, each
+/// weight stored as w + 128 in an unsigned byte, so `vpdpbusd` takes it directly.
+pub const Q8_X8_BIAS: u8 = 0x80;
 
+isa_features!(
     /// An interleaved Q8 block's eight 32-byte groups (w + 128, unsigned).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn rows_q8(blk: &BlockQ8_0x8) -> [__m256i; 8] {
         unroll!(8, |g| ld_rows(&blk.qs, g))
     }
@@ -99,7 +108,6 @@ mod imp {
     /// Eight rows' exact Σ w·q for one block: Σ (w + 128)·q − 128·Σq, the
     /// first by `vpdpbusd` in two chains (|Σ| ≤ 32·255·127, no overflow).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn q8_rows_isums(w: &[__m256i; 8], x: &BlockQ8Act) -> __m256i {
         let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let _ = unroll!(4, |g| {
@@ -112,29 +120,25 @@ mod imp {
     /// Eight interleaved Q8 rows · one activation row: row k's result is
     /// `dot_q8` of row k, bit for bit (avx2.rs's `rows8_n!`).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+    pub(crate) fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
         rows8_n!(1, w, [x], |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))[0]
     }
 
     /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+    pub(crate) fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
         rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
     }
 
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+    pub(crate) fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
     }
 
     /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+    pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
     }
-}
+);

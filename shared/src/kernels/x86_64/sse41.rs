@@ -2,30 +2,45 @@
 //! then `pmaddwd` by ones; for Q8 the sign trick |w| × sign(x, w). The f32
 //! kernels are SSE2's (nothing in SSE4.1 speeds them up).
 
-#[cfg(test)]
-pub use super::sse2::vexp;
-pub use super::sse2::{
-    axpy, axpy_rows, dot_f16_f32, dot_f32, dot_f32_rows, f16_to_f32, gelu_tanh_mul, rmsnorm, silu_mul, softmax,
-};
+use core::arch::x86_64::*;
 
-entry_points!(dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
-// Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
-// measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
-// sign(q, w) through `pmaddubsw`, which needs a `pmaddwd` per group anyway;
-// for four tokens, where |w| is made once for the four, the reverse.
-pub use super::sse2::{dot_q8_r8, Q8_X8_BIAS};
+use super::sse2::float as sse2_float;
+use super::sse2::int8 as sse2_int8;
+use super::sse2::int8::{bcast4, halves, ld_rows, q4_dot, q8_dot, rows8_sse};
+use crate::kernels::Kernels;
+use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
-mod imp {
-    use core::arch::x86_64::*;
+/// The SSSE3 + SSE4.1 kernel set.
+pub struct Sse41;
 
-    use super::super::sse2::imp::{bcast4, halves, ld_rows, q4_dot, q8_dot};
-    use super::super::sse2::rows8_sse;
-    use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
+impl Kernels for Sse41 {
+    const ROWS8: bool = true;
+    const Q8_X8_BIAS: u8 = sse2_int8::Q8_X8_BIAS;
+    entry_points!(
+        sse2_float: dot_f32,
+        dot_f16_f32,
+        rmsnorm,
+        softmax,
+        axpy,
+        silu_mul,
+        gelu_tanh_mul,
+        f16_to_f32,
+        exp,
+        dot_f32_rows,
+        axpy_rows
+    );
+    entry_points!(self: dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    // Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
+    // measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
+    // sign(q, w) through `pmaddubsw`, which needs a `pmaddwd` per group anyway;
+    // for four tokens, where |w| is made once for the four, the reverse.
+    entry_points!(sse2_int8: dot_q8_r8);
+}
 
+isa_features!(
     /// Σ of 16 u8 × i8 products in four i32 lanes. Exact while each pair sum
     /// fits i16: |u| ≤ 128 with |s| ≤ 127, or u ≤ 15.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
     fn maddubs(u: __m128i, s: __m128i) -> __m128i {
         _mm_madd_epi16(_mm_maddubs_epi16(u, s), _mm_set1_epi16(1))
     }
@@ -34,7 +49,6 @@ mod imp {
     /// Activation quants are in [-127, 127] (`quantize_act`), so sign(x, w)
     /// never overflows and |w| ≤ 128 is exact.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
     fn block_dot(w: (__m128i, __m128i), x: &[i8; QK]) -> __m128i {
         let (x0, x1) = halves(x);
         let s0 = maddubs(_mm_abs_epi8(w.0), _mm_sign_epi8(x0, w.0));
@@ -43,7 +57,6 @@ mod imp {
 
     /// Σ nibble·q of a Q4 block in four i32 lanes (exact).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
     fn nib_dot(lo: __m128i, hi: __m128i, x: &[i8; QK]) -> __m128i {
         let (x0, x1) = halves(x);
         // pair sums ≤ 2·15·127, twice: the i16 add is exact
@@ -54,37 +67,33 @@ mod imp {
     /// Q8 weights · Q8 activations, eight blocks per step in `portable`'s
     /// lane order (sse2.rs's `q8_dot!`).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
+    pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q8_dot!(1, w, x, |w, x| block_dot(w, x))
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
+    pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q4_dot!(1, w, x, |lo, hi, x| nib_dot(lo, hi, x))
     }
 
     /// `dot_q8` of one weight row with four activation rows (each result bit-identical to `dot_q8`'s).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+    pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q8_dot!(4, w, xs, |w, x| block_dot(w, x))
     }
 
     /// `dot_q4` of one weight row with four activation rows (each result bit-identical to `dot_q4`'s).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+    pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot!(4, w, xs, |lo, hi, x| nib_dot(lo, hi, x))
     }
+
     /// Eight rows' exact Σ w·q for one interleaved Q8 block (bias 0), lanes =
     /// rows: |w| × sign(q, w) (`maddubs`, pair sums ≤ 2·128·127) per group.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
     fn q8_rows_isums(w: &[[(__m128i, __m128i); 2]; 8], x: &BlockQ8Act) -> [__m128i; 2] {
         let mut s = [_mm_setzero_si128(); 2];
         let _ = unroll!(8, |g| {
@@ -101,8 +110,7 @@ mod imp {
     /// token t is `dot_q8` of row k, bit for bit (sse2.rs's `rows8_sse!`),
     /// |w| made once per block for the four tokens.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+    pub(crate) fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_sse!(4, w, xs, |blk, xb| {
             let wv = unroll!(8, |g| unroll!(2, |h| {
                 let v = ld_rows(&blk.qs, 2 * g + h);
@@ -116,7 +124,6 @@ mod imp {
     /// nibbles × activations by `maddubs`, pair sums (≤ 2·15·127) added in
     /// i16, eight per lane (≤ 30480, no overflow), widened once.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
     fn q4_rows_isums(blk: &BlockQ4_0x8, x: &BlockQ8Act) -> [__m128i; 2] {
         let mut s = [_mm_setzero_si128(); 2];
         let m = _mm_set1_epi8(0x0f);
@@ -138,15 +145,13 @@ mod imp {
     /// Eight interleaved Q4 rows · one activation row: row k's result is
     /// `dot_q4` of row k, bit for bit (sse2.rs's `rows8_sse!`).
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+    pub(crate) fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
         rows8_sse!(1, w, [x], |blk, xb| q4_rows_isums(blk, xb))[0]
     }
 
     /// Eight interleaved Q4 rows · four activation rows.
     #[inline]
-    #[target_feature(enable = "ssse3,sse4.1")]
-    pub fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+    pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_sse!(4, w, xs, |blk, xb| q4_rows_isums(blk, xb))
     }
-}
+);

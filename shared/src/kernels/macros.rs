@@ -1,0 +1,262 @@
+//! Macros the ISA modules share: `entry_points!` (the `Kernels` methods of
+//! an ISA, each calling the module function compiled with the build's
+//! target features), `unroll!` and `f32_rows4!`. Macros rather than
+//! functions so that everything is inlined into the target-feature code
+//! that uses it.
+
+/// The `Kernels` methods named, each forwarding to the function of the same
+/// name in module `$m`, compiled with this build's target features
+/// (`isa_features!`), so calling it from the method, which is not, is
+/// `unsafe`.
+#[allow(unused_macros)]
+macro_rules! entry_points {
+    ($m:ident: $($name:ident),* $(,)?) => { $( entry_points!(@one $m $name); )* };
+    (@one $m:ident dot_f32) => {
+        #[inline]
+        fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_f32(a, b) }
+        }
+    };
+    (@one $m:ident dot_f16_f32) => {
+        #[inline]
+        fn dot_f16_f32(w: &[half::f16], x: &[f32]) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_f16_f32(w, x) }
+        }
+    };
+    (@one $m:ident dot_q8) => {
+        #[inline]
+        fn dot_q8<'a, B: crate::quant::Q8Block>(w: &[B], x: impl Into<crate::quant::ActRef<'a>>) -> f32 {
+            // SAFETY: `$m`'s functions enable exactly the target features
+            // this whole build was compiled with (`isa_features!`, written by
+            // shared/build.rs from the variant table), and the executable's
+            // start-up guard (variants/src/guard*.rs) exits before main on a
+            // CPU that lacks any of them.
+            unsafe { $m::dot_q8(w, x.into()) }
+        }
+    };
+    (@one $m:ident dot_q4) => {
+        #[inline]
+        fn dot_q4<'a, B: crate::quant::Q4Block>(w: &[B], x: impl Into<crate::quant::ActRef<'a>>) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4(w, x.into()) }
+        }
+    };
+    (@one $m:ident dot_q8_x4) => {
+        #[inline]
+        fn dot_q8_x4<B: crate::quant::Q8Block>(w: &[B], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q4_x4) => {
+        #[inline]
+        fn dot_q4_x4<B: crate::quant::Q4Block>(w: &[B], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q8_r8) => {
+        #[inline]
+        fn dot_q8_r8(w: &[crate::quant::BlockQ8_0x8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q8_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_q4_r8) => {
+        #[inline]
+        fn dot_q4_r8(w: &[crate::quant::BlockQ4_0x8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_q8_r8_x4) => {
+        #[inline]
+        fn dot_q8_r8_x4(w: &[crate::quant::BlockQ8_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q8_r8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q4_r8_x4) => {
+        #[inline]
+        fn dot_q4_r8_x4(w: &[crate::quant::BlockQ4_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4_r8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_f32_rows) => {
+        #[inline]
+        fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_f32_rows(q, rows, stride, out) }
+        }
+    };
+    (@one $m:ident axpy_rows) => {
+        #[inline]
+        fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::axpy_rows(w, rows, stride, out) }
+        }
+    };
+    (@one $m:ident rmsnorm) => {
+        #[inline]
+        fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::rmsnorm(x, w, eps, out) }
+        }
+    };
+    (@one $m:ident softmax) => {
+        #[inline]
+        fn softmax(x: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::softmax(x) }
+        }
+    };
+    (@one $m:ident axpy) => {
+        #[inline]
+        fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::axpy(a, x, y) }
+        }
+    };
+    (@one $m:ident silu_mul) => {
+        #[inline]
+        fn silu_mul(gate: &mut [f32], up: &[f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::silu_mul(gate, up) }
+        }
+    };
+    (@one $m:ident gelu_tanh_mul) => {
+        #[inline]
+        fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::gelu_tanh_mul(gate, up) }
+        }
+    };
+    (@one $m:ident f16_to_f32) => {
+        #[inline]
+        fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::f16_to_f32(src, dst) }
+        }
+    };
+    (@one $m:ident exp) => {
+        fn exp(x: &mut [f32]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::exp(x) }
+        }
+    };
+}
+
+/// `[body(0), body(1), …]` with the index substituted into `body`
+/// textually, so every element is inlined (a closure passed through
+/// `core::array::from_fn` is not, and loses its target features).
+#[allow(unused_macros)]
+macro_rules! unroll {
+    (1, |$j:ident| $body:expr) => {
+        [{
+            let $j = 0usize;
+            $body
+        }]
+    };
+    (2, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+        ]
+    };
+    (4, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+            {
+                let $j = 2usize;
+                $body
+            },
+            {
+                let $j = 3usize;
+                $body
+            },
+        ]
+    };
+    (8, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+            {
+                let $j = 2usize;
+                $body
+            },
+            {
+                let $j = 3usize;
+                $body
+            },
+            {
+                let $j = 4usize;
+                $body
+            },
+            {
+                let $j = 5usize;
+                $body
+            },
+            {
+                let $j = 6usize;
+                $body
+            },
+            {
+                let $j = 7usize;
+                $body
+            },
+        ]
+    };
+}
+
+/// `dot_f32_rows`' algorithm, written once for the ISA modules: four rows
+/// per step (`|r, full| sums4`: the four rows' `dot_f32` partial sums over
+/// columns 0..full, full = n / 8 · 8, combined as the module's `hsum`, as
+/// `[f32; 4]`), then each row's scalar tail in column order, exactly as
+/// `dot_f32` adds it; rows left over go through `dot_f32` itself. A macro,
+/// so that it is inlined into the kernel.
+#[allow(unused_macros)]
+macro_rules! f32_rows4 {
+    ($q:expr, $rows:expr, $stride:expr, $out:expr, |$r:ident, $full:ident| $sums4:expr) => {{
+        let (q, rows, stride, out): (&[f32], &[f32], usize, &mut [f32]) = ($q, $rows, $stride, $out);
+        let n = q.len();
+        let $full = n / 8 * 8;
+        let mut p = 0;
+        while p + 4 <= out.len() {
+            let $r = unroll!(4, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
+            let sums: [f32; 4] = $sums4;
+            for j in 0..4 {
+                let mut tail = 0.0f32;
+                for c in $full..n {
+                    tail += q[c] * $r[j][c];
+                }
+                out[p + j] = sums[j] + tail;
+            }
+            p += 4;
+        }
+        for p in p..out.len() {
+            out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }};
+}

@@ -1,0 +1,305 @@
+//! The matrix multiply over a weight matrix in its stored type, and how it
+//! is split across threads. Every output element is one dot product of the
+//! kernel set (`Arch`) in a fixed order, whatever the thread count, the
+//! batch size or the split, so results are bit-identical across all three.
+
+use std::sync::OnceLock;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::{Arch, Kernels};
+use crate::quant::{
+    dequant_q4, dequant_q8, ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8,
+    QK, ROWS8,
+};
+
+/// Borrowed rows of a weight matrix, in their stored type.
+#[derive(Clone, Copy)]
+pub enum WeightData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q8_0(&'a [BlockQ8_0]),
+    Q4_0(&'a [BlockQ4_0]),
+    Q8_0F32(&'a [BlockQ8_0F32]),
+    Q4_0F32(&'a [BlockQ4_0F32]),
+}
+
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix again, in the eight-row
+/// interleaved layout (`rows8`): group g's block b at g·(cols/32) + b.
+#[derive(Clone, Copy)]
+pub enum Packed<'a> {
+    None,
+    Q8(&'a [BlockQ8_0x8]),
+    Q4(&'a [BlockQ4_0x8]),
+}
+
+/// A [rows, cols] weight matrix (row-major, cols contiguous).
+#[derive(Clone, Copy)]
+pub struct MatRef<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: WeightData<'a>,
+    /// The same rows interleaved for the eight-row kernels, when repacked.
+    pub packed: Packed<'a>,
+}
+
+impl<'a> MatRef<'a> {
+    pub fn is_quantized(&self) -> bool {
+        !matches!(self.data, WeightData::F32(_) | WeightData::F16(_))
+    }
+
+    /// Dot product of row `r` with one input row.
+    #[inline]
+    fn row_dot(&self, r: usize, x: &[f32], xq: ActRef) -> f32 {
+        let (c, b) = (self.cols, self.cols / QK);
+        match self.data {
+            WeightData::F32(w) => Arch::dot_f32(&w[r * c..(r + 1) * c], x),
+            WeightData::F16(w) => Arch::dot_f16_f32(&w[r * c..(r + 1) * c], x),
+            WeightData::Q8_0(w) => Arch::dot_q8(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q8_0F32(w) => Arch::dot_q8(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0(w) => Arch::dot_q4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0F32(w) => Arch::dot_q4(&w[r * b..(r + 1) * b], xq),
+        }
+    }
+
+    /// `row_dot` of row `r` with four input rows (`tokens4`).
+    #[inline]
+    fn row_dot4(&self, r: usize, x: [&[f32]; 4], xq: [ActRef; 4]) -> [f32; 4] {
+        let b = self.cols / QK;
+        match self.data {
+            WeightData::Q8_0(w) => Arch::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q8_0F32(w) => Arch::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0(w) => Arch::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4_0F32(w) => Arch::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::F32(_) | WeightData::F16(_) => [0, 1, 2, 3].map(|t| self.row_dot(r, x[t], xq[t])),
+        }
+    }
+
+    /// Blocks of the repacked rows r .. r + 8 in `packed`, if r starts a repacked group.
+    #[inline]
+    fn group_blocks(&self, r: usize) -> Option<std::ops::Range<usize>> {
+        let packed_len = match self.packed {
+            Packed::Q8(p) => p.len(),
+            Packed::Q4(p) => p.len(),
+            Packed::None => return None,
+        };
+        let (b, g) = (self.cols / QK, r / ROWS8);
+        (r.is_multiple_of(ROWS8) && (g + 1) * b <= packed_len).then(|| g * b..(g + 1) * b)
+    }
+
+    /// Rows r .. r + 8 with one input row, if they are a repacked group.
+    #[inline]
+    fn group_dot(&self, r: usize, xq: ActRef) -> Option<[f32; 8]> {
+        let blocks = self.group_blocks(r)?;
+        match self.packed {
+            Packed::Q8(p) => Some(Arch::dot_q8_r8(&p[blocks], xq)),
+            Packed::Q4(p) => Some(Arch::dot_q4_r8(&p[blocks], xq)),
+            Packed::None => None,
+        }
+    }
+
+    /// Rows r .. r + 8 with four input rows, if they are a repacked group.
+    #[inline]
+    fn group_dot4(&self, r: usize, xq: [ActRef; 4]) -> Option<[[f32; 8]; 4]> {
+        let blocks = self.group_blocks(r)?;
+        match self.packed {
+            Packed::Q8(p) => Some(Arch::dot_q8_r8_x4(&p[blocks], xq)),
+            Packed::Q4(p) => Some(Arch::dot_q4_r8_x4(&p[blocks], xq)),
+            Packed::None => None,
+        }
+    }
+
+    /// Row `r` as f32 (embedding lookup).
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        let (c, b) = (self.cols, self.cols / QK);
+        match self.data {
+            WeightData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            WeightData::F16(w) => Arch::f16_to_f32(&w[r * c..(r + 1) * c], out),
+            WeightData::Q8_0(w) => dequant_q8(&w[r * b..(r + 1) * b], out),
+            WeightData::Q8_0F32(w) => dequant_q8(&w[r * b..(r + 1) * b], out),
+            WeightData::Q4_0(w) => dequant_q4(&w[r * b..(r + 1) * b], out),
+            WeightData::Q4_0F32(w) => dequant_q4(&w[r * b..(r + 1) * b], out),
+        }
+    }
+}
+
+/// A batch of input rows [n_tokens][cols] plus, computed once on demand,
+/// their Q8 quantisation for quantised weights.
+pub struct Input<'a> {
+    pub x: &'a [f32],
+    pub cols: usize,
+    q8: OnceLock<ActQ8>,
+}
+
+impl<'a> Input<'a> {
+    pub fn new(x: &'a [f32], cols: usize) -> Self {
+        debug_assert_eq!(x.len() % cols, 0);
+        Input { x, cols, q8: OnceLock::new() }
+    }
+    pub fn n_tokens(&self) -> usize {
+        self.x.len() / self.cols
+    }
+    fn q8(&self) -> ActRef<'_> {
+        self.q8.get_or_init(|| ActQ8::quantize(self.x)).as_ref()
+    }
+}
+
+/// Rows of a weight tile in a prompt matmul: two repacked groups of eight,
+/// whose weights stay in L1 while they are applied to a run of tokens.
+const ROW_TILE: usize = 16;
+
+/// out[t][r] = Σ_c w[r][c] · x[t][c] for every token t of `input`.
+///
+/// Each output element is one dot of row r with token t (`row_dot`, or its
+/// row's lane of `group_dot` / `group_dot4` for repacked rows, which are
+/// bit-identical to it), whatever the thread count or batch size, so
+/// results are bit-identical across both.
+pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
+    matmul_group(&mut [(w, out)], input);
+}
+
+/// Several matmuls sharing one input (q/k/v, gate/up) in one parallel region.
+///
+/// For one token the rows of all matrices are cut into a few contiguous
+/// chunks per thread (multiples of eight rows, so repacked groups stay
+/// whole). A long batch is cut into runs of tokens, each task walking all
+/// row tiles for its run; a short one into row tiles, each applied to every
+/// token. Either way every output element is one dot as in `matmul`.
+pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
+    let n_tok = input.n_tokens();
+    for (w, out) in items.iter() {
+        assert_eq!(input.cols, w.cols, "matmul: input width does not match the weight matrix");
+        assert_eq!(out.len(), n_tok * w.rows);
+    }
+    let any_quantized = items.iter().any(|(w, _)| w.is_quantized());
+    let empty = ActQ8::default();
+    let xq = if any_quantized { input.q8() } else { empty.as_ref() };
+    let cols = input.cols;
+    let bpr = cols / QK; // activation blocks per token
+    let one_token = |t: usize| -> (&[f32], ActRef) {
+        let x = &input.x[t * cols..(t + 1) * cols];
+        let q = if xq.is_empty() { xq } else { xq.range(t * bpr, (t + 1) * bpr) };
+        (x, q)
+    };
+    if n_tok == 1 {
+        let (x, q) = one_token(0);
+        let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
+        // a multiple of 8, so that repacked groups are never split
+        let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
+        let mut tasks: Vec<(&MatRef, usize, &mut [f32])> = Vec::new();
+        for (w, out) in items.iter_mut() {
+            for (i, o) in out.chunks_mut(chunk).enumerate() {
+                tasks.push((*w, i * chunk, o));
+            }
+        }
+        tasks.into_par_iter().for_each(|(w, r0, o)| {
+            let mut i = 0;
+            while i < o.len() {
+                match w.group_dot(r0 + i, q) {
+                    Some(v) if i + ROWS8 <= o.len() => {
+                        o[i..i + ROWS8].copy_from_slice(&v);
+                        i += ROWS8;
+                    }
+                    _ => {
+                        o[i] = w.row_dot(r0 + i, x, q);
+                        i += 1;
+                    }
+                }
+            }
+        });
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    // Tokens per task when a batch is split by tokens: a multiple of 4, about
+    // four tasks per thread, at most 64 (their activations stay in L2).
+    let token_chunk = n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
+    for (w, out) in items.iter_mut() {
+        let rows = w.rows;
+        if n_tok.div_ceil(token_chunk) >= 2 * threads {
+            // Long batch: each task takes a run of tokens and walks all rows
+            // in tiles, each tile's weights reused by the run's tokens while
+            // in cache; it writes its own [tokens][rows] part of `out`.
+            out.par_chunks_mut(token_chunk * rows).enumerate().for_each(|(chunk, o)| {
+                let t0 = chunk * token_chunk;
+                let n = o.len() / rows;
+                for r0 in (0..rows).step_by(ROW_TILE) {
+                    let tile_rows = ROW_TILE.min(rows - r0);
+                    tile_dots(w, r0, tile_rows, t0, n, &one_token, |i, t, v| o[(t - t0) * rows + r0 + i] = v);
+                }
+            });
+        } else {
+            // Short batch: tasks take row tiles; results gathered per tile
+            // ([rows][tokens], one contiguous chunk per task), then transposed.
+            let mut by_row = vec![0.0f32; out.len()];
+            by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
+                let r0 = tile * ROW_TILE;
+                tile_dots(w, r0, o.len() / n_tok, 0, n_tok, &one_token, |i, t, v| o[i * n_tok + t] = v);
+            });
+            for t in 0..n_tok {
+                for r in 0..rows {
+                    out[t * rows + r] = by_row[r * n_tok + t];
+                }
+            }
+        }
+    }
+}
+
+/// Rows r0 .. r0 + rows of `w` against tokens t0 .. t0 + n: `put(i, t,
+/// value)` for row r0 + i and token t. Four tokens at a time and repacked
+/// groups of eight rows where possible (`group_dot4`, `row_dot4`), else one
+/// by one (`group_dot`, `row_dot`): every value is bit-identical either way.
+#[inline]
+fn tile_dots<'a>(
+    w: &MatRef,
+    r0: usize,
+    rows: usize,
+    t0: usize,
+    n: usize,
+    one_token: &impl Fn(usize) -> (&'a [f32], ActRef<'a>),
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    let mut t = t0;
+    while t + 4 <= t0 + n {
+        let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
+        let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
+        let mut i = 0;
+        while i < rows {
+            match w.group_dot4(r0 + i, q) {
+                Some(v) if i + ROWS8 <= rows => {
+                    for (j, by_row) in v.iter().enumerate() {
+                        for (k, &val) in by_row.iter().enumerate() {
+                            put(i + k, t + j, val);
+                        }
+                    }
+                    i += ROWS8;
+                }
+                _ => {
+                    for (j, val) in w.row_dot4(r0 + i, x, q).into_iter().enumerate() {
+                        put(i, t + j, val);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        t += 4;
+    }
+    for t in t..t0 + n {
+        let (x, q) = one_token(t);
+        let mut i = 0;
+        while i < rows {
+            match w.group_dot(r0 + i, q) {
+                Some(v) if i + ROWS8 <= rows => {
+                    for (k, &val) in v.iter().enumerate() {
+                        put(i + k, t, val);
+                    }
+                    i += ROWS8;
+                }
+                _ => {
+                    put(i, t, w.row_dot(r0 + i, x, q));
+                    i += 1;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The kernel set: every operation the model needs from an instruction set,
+//! as one trait that each ISA module implements (`Sse2`, `Avx2`, `Neon`,
+//! ...; `Portable` is the scalar reference). The compiler checks that each
+//! set is complete and that the signatures agree. Where an ISA has no kernel
+//! of its own for an operation, the default method here fills it in, built
+//! from that ISA's own kernels: four tokens as four single-token dots,
+//! several KV rows as a loop over the single-row kernels. The eight-row
+//! kernels over interleaved weights default to `Portable`'s reference, which
+//! only tests reach: a set without its own (`ROWS8` false) makes the model
+//! keep its weights in the plain layout, so they are never called.
+//!
+//! Every implementation returns the same bits as `Portable` (see
+//! `kernels/portable.rs` for the summation order), which the kernel tests
+//! (`kernels/tests.rs`) check on every build.
+
+use half::f16;
+
+use super::portable::Portable;
+use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8, Q4Block, Q8Block};
+
+pub trait Kernels {
+    /// This set has its own eight-row kernels (`dot_q8_r8` ...): the model
+    /// copies Q8_0 / Q4_0 matrices into the interleaved layout at load time.
+    const ROWS8: bool = false;
+    /// What the eight-row Q8 kernels expect XORed into every interleaved
+    /// quant (`quant::repack_q8_x8`).
+    const Q8_X8_BIAS: u8 = Portable::Q8_X8_BIAS;
+
+    // ---- f32 vectors
+
+    /// Σ a[i]·b[i].
+    fn dot_f32(a: &[f32], b: &[f32]) -> f32;
+    /// Σ w[i]·x[i] for f16 weights.
+    fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32;
+    /// out = x / sqrt(mean(x²) + eps) · w.
+    fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]);
+    /// In-place softmax.
+    fn softmax(x: &mut [f32]);
+    /// y += a·x.
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]);
+    /// gate ← silu(gate)·up (SwiGLU).
+    fn silu_mul(gate: &mut [f32], up: &[f32]);
+    /// gate ← gelu_tanh(gate)·up (GeGLU, tanh approximation).
+    fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]);
+    /// f16 → f32 of a slice (exact).
+    fn f16_to_f32(src: &[f16], dst: &mut [f32]);
+    /// e^x of every element through the set's vector exp (the one behind
+    /// softmax, SiLU and GELU); for the kernel tests.
+    fn exp(x: &mut [f32]);
+
+    // ---- attention over f32 KV rows (row p at `rows[p·stride..]`)
+
+    /// out[p] = `dot_f32`(q, row p).
+    fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = q.len();
+        for (p, o) in out.iter_mut().enumerate() {
+            *o = Self::dot_f32(q, &rows[p * stride..p * stride + n]);
+        }
+    }
+    /// out += w[p]·row p, p in order (each element as `axpy` row after row).
+    fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let n = out.len();
+        for (p, &a) in w.iter().enumerate() {
+            Self::axpy(a, &rows[p * stride..p * stride + n], out);
+        }
+    }
+
+    // ---- int8 dots: weight blocks · quantised activation blocks
+
+    /// Q8 weights · Q8 activations.
+    fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32;
+    /// Q4 weights · Q8 activations.
+    fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32;
+    /// One weight row with four activation rows (prompt batches); result t
+    /// is `dot_q8` of row t, bit for bit.
+    fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_q8(w, x))
+    }
+    /// As `dot_q8_x4` for Q4 weights.
+    fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_q4(w, x))
+    }
+
+    // ---- eight interleaved rows (`quant::BlockQ8_0x8`, `BlockQ4_0x8`)
+
+    /// Eight interleaved Q8 rows · one activation row: row k's result is
+    /// `dot_q8` of row k, bit for bit.
+    fn dot_q8_r8(w: &[BlockQ8_0x8], x: ActRef) -> [f32; 8] {
+        Portable::dot_q8_r8(w, x)
+    }
+    /// As `dot_q8_r8` for Q4 rows.
+    fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
+        Portable::dot_q4_r8(w, x)
+    }
+    /// Eight interleaved Q8 rows · four activation rows.
+    fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_q8_r8(w, x))
+    }
+    /// Eight interleaved Q4 rows · four activation rows.
+    fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_q4_r8(w, x))
+    }
+}
