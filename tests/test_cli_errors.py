@@ -45,6 +45,6 @@ def test_bad_requests(tiny_mlb):
                        "exceeds the model's maximum context")
     assert_clean_error(run_ml(tiny_mlb, "-p", "hi", check=False), "needs a tokenizer")
     assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "--chat", "nope", "-p", "x", check=False),
-                       "unknown chat template")
+                       "invalid value 'nope' for '--chat")
     p = run_ml("--bogus-flag", check=False)
     assert p.returncode == 2

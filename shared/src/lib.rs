@@ -1,14 +1,23 @@
-//! Krafla inference core: file formats, tokenizer, model, sampler and the CLI
-//! shared by every executable. ISA-free: the kernels this build uses are
-//! chosen in `kernels` by `cfg(target_feature)`.
+//! Krafla inference core, laid out by layer along the data path (each
+//! layer uses only the ones above it; docs/ARCHITECTURE.md):
+//!
+//! * `quant`: the quantised block layouts (weights as stored, activations);
+//! * `format`: the `.mlb` and `.mlt` files, over one bounds-checked reader;
+//! * `kernels`: the per-ISA kernels behind one trait, chosen when compiling,
+//!   and the matrix multiply;
+//! * `tokenizer`: byte-level and SentencePiece BPE;
+//! * `model`: configuration, weights, KV cache and the one forward pass;
+//! * `sampler`, `generate`: picking tokens, and the one generation loop
+//!   (prompt in batches, decoding, stop tokens, UTF-8 text);
+//! * `chat`: chat templates;
+//! * `app`: the applications over them: the CLI, `--bench` and
+//!   `--perplexity`, the OpenAI-compatible server.
+pub mod app;
 pub mod chat;
-pub mod cli;
+pub mod format;
+pub mod generate;
 pub mod kernels;
-pub mod kvcache;
-pub mod measure;
-pub mod mlb;
 pub mod model;
 pub mod quant;
 pub mod sampler;
-pub mod server;
 pub mod tokenizer;

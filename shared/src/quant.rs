@@ -5,6 +5,7 @@
 //! `BlockQ8Act`: 32 int8 values with an f32 scale and their integer sum, the
 //! sum letting Q4_0 kernels fold the −8 offset out of the inner loop.
 
+use bytemuck::{Pod, Zeroable};
 use half::f16;
 
 /// Weights per block.
@@ -12,7 +13,7 @@ pub const QK: usize = 32;
 
 /// Q8_0 weight block: x = d · q.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct BlockQ8_0 {
     pub d: f16,
     pub qs: [i8; QK],
@@ -22,7 +23,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 /// Q4_0 weight block: byte j holds element j (low nibble) and j + 16 (high
 /// nibble); x = d · (nibble − 8).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct BlockQ4_0 {
     pub d: f16,
     pub qs: [u8; QK / 2],
@@ -31,7 +32,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
 
 /// Q8_0 with an f32 scale.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct BlockQ8_0F32 {
     pub d: f32,
     pub qs: [i8; QK],
@@ -40,7 +41,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0F32>() == 36);
 
 /// Q4_0 with an f32 scale.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct BlockQ4_0F32 {
     pub d: f32,
     pub qs: [u8; QK / 2],

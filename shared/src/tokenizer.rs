@@ -11,19 +11,19 @@
 //! Dependencies: `fancy-regex` for the pre-tokenizer regexes, which need the `(?!\S)`
 //! look-ahead (the plain `regex` crate has no look-around) and Unicode classes `\p{L}`/`\p{N}`;
 //! hand-coding these would need our own Unicode tables. Merging (`bpe`), added-token
-//! matching (`added`) and the file reader (`format`) are hand-written and dependency-free.
+//! matching (`added`) and the file reader (`crate::format::mlt`) are hand-written and dependency-free.
 
 mod added;
 mod bpe;
-use unicode_normalization::UnicodeNormalization;
-mod format;
 mod pretok;
 
+use crate::format::mlt::{self, ModelKind, RawTokenizer};
 use added::{AddedTokens, Segment};
 use bpe::{pair_key, MergeMap};
-use format::{ModelKind, RawTokenizer};
 use std::collections::HashMap;
 use std::path::Path;
+
+use unicode_normalization::UnicodeNormalization;
 
 /// The SentencePiece space marker U+2581 ('▁').
 const METASPACE: char = '\u{2581}';
@@ -61,7 +61,7 @@ impl Tokenizer {
 
     /// Parse a `.mlt` image; `name` prefixes error messages.
     pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Tokenizer, String> {
-        let raw = format::parse(bytes).map_err(|e| format!("{name}: {e}"))?;
+        let raw = mlt::parse(bytes).map_err(|e| format!("{name}: {e}"))?;
         Tokenizer::build(raw).map_err(|e| format!("{name}: {e}"))
     }
 
@@ -77,7 +77,7 @@ impl Tokenizer {
             ModelKind::SentencePiece => byte_token_ids(&raw.tokens, &raw.types)?,
         };
         let added = AddedTokens::new(raw.tokens.iter().zip(&raw.types).enumerate().filter_map(|(id, (t, &ty))| {
-            let verbatim = matches!(ty, format::TYPE_CONTROL | format::TYPE_USER | format::TYPE_UNKNOWN);
+            let verbatim = matches!(ty, mlt::TYPE_CONTROL | mlt::TYPE_USER | mlt::TYPE_UNKNOWN);
             verbatim.then_some((t.as_str(), id as u32))
         }));
         let pieces = decoded_pieces(raw.kind, &raw.tokens, &raw.types);
@@ -109,7 +109,7 @@ impl Tokenizer {
     /// flags when `add_special`.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
-        if add_special && self.flag(format::FLAG_ADD_BOS) {
+        if add_special && self.flag(mlt::FLAG_ADD_BOS) {
             out.extend(self.bos);
         }
         let mut scratch = Vec::new();
@@ -117,7 +117,7 @@ impl Tokenizer {
             Segment::Token(id) => out.push(id),
             Segment::Text(run) => self.encode_run(run, &mut scratch, &mut out),
         });
-        if add_special && self.flag(format::FLAG_ADD_EOS) {
+        if add_special && self.flag(mlt::FLAG_ADD_EOS) {
             out.extend(self.eos);
         }
         out
@@ -126,7 +126,7 @@ impl Tokenizer {
     /// Encode a run of text that contains no added tokens.
     fn encode_run(&self, run: &str, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
         let text = self.normalize(run);
-        let ignore_merges = self.flag(format::FLAG_IGNORE_MERGES) && self.kind == ModelKind::ByteLevel;
+        let ignore_merges = self.flag(mlt::FLAG_IGNORE_MERGES) && self.kind == ModelKind::ByteLevel;
         let byte_chars = pretok::byte_to_char();
         let mut mapped = String::new();
         pretok::split(self.regex.as_ref(), &text, |word| {
@@ -150,13 +150,13 @@ impl Tokenizer {
     /// Apply the prefix-space and metaspace normalisation to one run.
     fn normalize(&self, run: &str) -> String {
         let nfc;
-        let run = if self.flag(format::FLAG_NFC) {
+        let run = if self.flag(mlt::FLAG_NFC) {
             nfc = run.nfc().collect::<String>();
             nfc.as_str()
         } else {
             run
         };
-        let prefix = self.flag(format::FLAG_PREFIX_SPACE);
+        let prefix = self.flag(mlt::FLAG_PREFIX_SPACE);
         match self.kind {
             ModelKind::ByteLevel if prefix && !run.starts_with(' ') => format!(" {run}"),
             ModelKind::ByteLevel => run.to_string(),
@@ -165,7 +165,7 @@ impl Tokenizer {
                 if prefix {
                     s.push(METASPACE);
                 }
-                if self.flag(format::FLAG_METASPACE) {
+                if self.flag(mlt::FLAG_METASPACE) {
                     s.extend(run.chars().map(|c| if c == ' ' { METASPACE } else { c }));
                 } else {
                     s.push_str(run);
@@ -204,7 +204,7 @@ impl Tokenizer {
                 out.push(id);
                 continue;
             }
-            if self.flag(format::FLAG_BYTE_FALLBACK) {
+            if self.flag(mlt::FLAG_BYTE_FALLBACK) {
                 let ids: Option<Vec<u32>> = s.bytes().map(|b| self.byte_ids[usize::from(b)]).collect();
                 if let Some(ids) = ids {
                     self.flush_unk(&mut pending_unk, out);
@@ -225,7 +225,7 @@ impl Tokenizer {
 
     /// Strip the prefix space added at encode time (SentencePiece `Strip` decoder).
     fn strips_leading_space(&self) -> bool {
-        self.kind == ModelKind::SentencePiece && self.flag(format::FLAG_PREFIX_SPACE)
+        self.kind == ModelKind::SentencePiece && self.flag(mlt::FLAG_PREFIX_SPACE)
     }
 
     /// Raw bytes of the decoded ids, like HF `decode(ids, skip_special_tokens=False)`
@@ -285,7 +285,7 @@ impl Tokenizer {
     }
 
     pub fn is_control(&self, id: u32) -> bool {
-        self.types.get(id as usize) == Some(&format::TYPE_CONTROL)
+        self.types.get(id as usize) == Some(&mlt::TYPE_CONTROL)
     }
 }
 
@@ -330,7 +330,7 @@ fn byte_token_value(t: &str) -> Option<u8> {
 fn byte_token_ids(tokens: &[String], types: &[u8]) -> Result<[Option<u32>; 256], String> {
     let mut ids = [None; 256];
     for (id, (t, &ty)) in tokens.iter().zip(types).enumerate() {
-        if ty != format::TYPE_BYTE {
+        if ty != mlt::TYPE_BYTE {
             continue;
         }
         let b = byte_token_value(t).ok_or_else(|| format!("token {id} {t:?} has type byte but is not <0xNN>"))?;
@@ -354,7 +354,7 @@ fn decoded_pieces(kind: ModelKind, tokens: &[String], types: &[u8]) -> Vec<Box<[
         .map(|(t, &ty)| match kind {
             ModelKind::ByteLevel => byte_level(t),
             ModelKind::SentencePiece => match byte_token_value(t) {
-                Some(b) if ty == format::TYPE_BYTE => Box::new([b]) as Box<[u8]>,
+                Some(b) if ty == mlt::TYPE_BYTE => Box::new([b]) as Box<[u8]>,
                 _ => t.replace(METASPACE, " ").into_bytes().into_boxed_slice(),
             },
         })

@@ -22,5 +22,5 @@ mod guard_message;
 mod table;
 
 fn main() {
-    std::process::exit(krafla::cli::main());
+    std::process::exit(krafla::app::main());
 }

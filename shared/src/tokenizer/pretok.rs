@@ -1,6 +1,6 @@
 //! Pre-tokenization: the GPT-2 / Llama-3 / Qwen2 split regexes and GPT-2's byte-to-unicode map.
 
-use super::format::PreTokenizer;
+use crate::format::mlt::PreTokenizer;
 use fancy_regex::Regex;
 
 /// GPT-2 ByteLevel regex (also SmolLM2), as in HF `tokenizers`.

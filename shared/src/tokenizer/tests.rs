@@ -1,8 +1,8 @@
 //! Unit tests: small synthetic tokenizers (behaviour) and hostile `.mlt` files (robustness).
 //! The comparison against HF `tokenizers` on real vocabularies is in tests/test_tokenizer.py.
 
-use super::format::*;
 use super::*;
+use crate::format::mlt::*;
 
 const CHAT: &str = "chatml";
 

@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::api::{self, ApiError, GenRequest, Meta, Prompt};
-use super::engine::{Event, Finish, Job, TokenLogprob};
+use super::engine::{Event, Job, TokenLogprob};
 use super::http::{self, Request, Response, StreamWriter};
-use super::template::format_conversation;
 use super::{unix_now, Server};
+use crate::generate::Finish;
 
 /// How often a waiting connection checks whether its client is still there.
 const POLL: Duration = Duration::from_millis(20);
@@ -46,10 +46,11 @@ fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u
     let mut greq = api::parse_request(&obj, chat, unique())?;
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
-            let kind = srv.chat_kind.as_deref().ok_or_else(|| {
+            let template = srv.template.ok_or_else(|| {
                 ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
             })?;
-            let text = format_conversation(kind, srv.system.as_deref(), m)
+            let text = template
+                .format(srv.system.as_deref(), m)
                 .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
             srv.tokenizer.encode(&text, true)
         }

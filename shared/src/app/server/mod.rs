@@ -15,16 +15,16 @@
 //! chunked transfer encoding for streamed answers.
 //!
 //! Modules: `http` (socket I/O, limits, timeouts), `api` (OpenAI request
-//! validation and answer shapes), `engine` (the single generation worker:
-//! model, KV cache reuse, sampling, stop strings), `serve` (one generation
-//! request from queue to answer), `template` (multi-turn chat formats).
+//! validation and answer shapes), `engine` (the single generation worker
+//! around `generate::Generator`), `serve` (one generation request from queue
+//! to answer). Conversations are formatted by `crate::chat`.
 
 mod api;
 mod engine;
 mod http;
 mod serve;
-mod template;
 
+use std::ffi::OsString;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,9 +34,10 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::json;
 
-use crate::cli::EXIT_BAD_INPUT;
+use super::options::{startup_line, RunArgs};
+use crate::chat::Template;
+use crate::generate::Generator;
 use crate::kernels::ISA;
-use crate::model::{Model, State};
 use crate::tokenizer::Tokenizer;
 use api::ApiError;
 use engine::{Engine, Queue};
@@ -50,28 +51,9 @@ const CHAT_HTML: &str = include_str!("chat.html");
 pub struct ServerArgs {
     /// Model file (.mlb).
     pub model: PathBuf,
-    /// Tokenizer file (.mlt).
-    #[arg(short = 'z', long = "tokenizer")]
-    pub tokenizer: PathBuf,
-    /// Chat template for /v1/chat/completions: chatml, qwen3, llama2, llama3, mistral, gemma, zephyr,
-    /// or auto (default: the kind recorded in the .mlt).
-    #[arg(long)]
-    pub chat: Option<String>,
-    /// System prompt used when a chat request has no system message.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Worker threads (default: all cores).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
-    /// Context length (default: 4096 or the model's maximum if smaller).
-    #[arg(long)]
-    pub ctx: Option<usize>,
-    /// KV cache type: f32, f16 or q8.
-    #[arg(long = "kv", default_value = "f32")]
-    pub kv: String,
-    /// Keep Q8_0/Q4_0 weights only in the mapped file (no interleaved copy: slower, less memory).
-    #[arg(long)]
-    pub no_repack: bool,
+    /// The model and how to run it (-z is required here).
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -105,7 +87,7 @@ pub(crate) struct Server {
     pub tokenizer: Arc<Tokenizer>,
     pub vocab_size: usize,
     pub ctx: usize,
-    pub chat_kind: Option<String>,
+    pub template: Option<Template>,
     pub system: Option<String>,
     pub model_id: String,
     pub created: u64,
@@ -117,23 +99,11 @@ pub(crate) struct Server {
     max_connections: usize,
 }
 
-/// Entry point of `ml_run --server ...`; returns the process exit code.
-pub fn main() -> i32 {
-    // argv: [exe, "--server", rest...]
-    let argv = std::env::args_os().enumerate().filter(|(i, _)| *i != 1).map(|(_, a)| a);
-    let args = match ServerArgs::try_parse_from(argv) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
-        }
-    };
-    match run(args) {
-        Ok(()) => 0,
-        Err(msg) => {
-            eprintln!("krafla: {msg}");
-            EXIT_BAD_INPUT
-        }
+/// `ml_run --server ARGS` (the launcher's `ml_server ARGS`), `--server` removed.
+pub fn main(argv: Vec<OsString>) -> Result<(), String> {
+    match super::parse_args::<ServerArgs>(argv)? {
+        Some(args) => run(args),
+        None => Ok(()),
     }
 }
 
@@ -145,42 +115,17 @@ fn run(args: ServerArgs) -> Result<(), String> {
     if args.read_timeout == 0 {
         return Err("--read-timeout must be at least 1 second".into());
     }
-    let tokenizer = Tokenizer::load(&args.tokenizer)?;
-    let chat_kind = match args.chat.as_deref() {
-        Some("auto") if tokenizer.chat_template().is_empty() => {
-            return Err("--chat auto: the tokenizer file names no chat template; pass one".into())
-        }
-        Some("auto") | None if !tokenizer.chat_template().is_empty() => Some(tokenizer.chat_template().to_string()),
-        Some("auto") | None => None,
-        Some(k) => Some(k.to_string()),
-    };
-    if let Some(k) = &chat_kind {
-        crate::chat::format(k, None, "")?; // unknown kinds fail here, with the list of known ones
-    }
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 0 {
-        return Err("-t must be at least 1".into());
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
-        .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-    let model = Model::load_with(&args.model, crate::model::LoadOptions { repack: !args.no_repack })?;
-    let cfg = model.config.clone();
-    if tokenizer.vocab_size() > cfg.vocab_size {
-        return Err(format!(
-            "tokenizer has {} tokens but the model only {}: they do not belong together",
-            tokenizer.vocab_size(),
-            cfg.vocab_size
-        ));
-    }
-    let ctx = cfg.resolve_ctx(args.ctx)?;
-    let state = State::with_kv(&cfg, ctx, crate::kvcache::KvType::parse(&args.kv)?)?;
-    let state_mib = state.bytes() as f64 / 1048576.0;
-    let weights_mib = model.file.file_len() as f64 / 1048576.0;
-    let repacked_mib = model.repacked_bytes() as f64 / 1048576.0;
+    let tokenizer = args.run.load_tokenizer()?.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt)")?;
+    let template = args.run.template(Some(&tokenizer), true)?;
+    let (pool, threads) = args.run.thread_pool()?;
+    let model = args.run.load_model(&args.model, Some(&tokenizer))?;
+    let vocab_size = model.config.vocab_size;
+    let ctx = args.run.ctx(&model)?;
+    let state = args.run.state(&model, ctx)?;
+    let line = startup_line(&args.model, &model, threads, ctx, &state, args.run.kv);
     let tokenizer = Arc::new(tokenizer);
-    let queue = Engine::new(model, state, tokenizer.clone()).spawn(args.max_queue)?;
+    let generator = Generator::new(model, state, args.run.batch);
+    let queue = Engine::new(generator, tokenizer.clone()).spawn(&pool, args.max_queue);
 
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
@@ -192,10 +137,10 @@ fn run(args: ServerArgs) -> Result<(), String> {
     let server = Arc::new(Server {
         queue,
         tokenizer,
-        vocab_size: cfg.vocab_size,
+        vocab_size,
         ctx,
-        chat_kind,
-        system: args.system.clone(),
+        template,
+        system: args.run.system.clone(),
         model_id,
         created: unix_now(),
         fingerprint: format!("krafla-{}-{ISA}", env!("CARGO_PKG_VERSION")),
@@ -205,18 +150,14 @@ fn run(args: ServerArgs) -> Result<(), String> {
         connections: AtomicUsize::new(0),
         max_connections: args.max_queue + 64,
     });
-    eprintln!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}), ctx {ctx}, memory: {weights_mib:.1} MiB weights (mapped) + {repacked_mib:.1} MiB repacked weights + {state_mib:.1} MiB KV cache",
-        args.model.display(),
-        cfg.arch,
-    );
+    eprintln!("{line}");
     if !addr.ip().is_loopback() && server.api_key.is_none() {
         eprintln!("krafla: warning: listening on {} without --api-key: anyone who can reach it can use it", addr.ip());
     }
     eprintln!(
         "krafla: model id '{}', chat template {}, listening on http://{addr}/v1 (chat page: http://{addr}/)",
         server.model_id,
-        server.chat_kind.as_deref().unwrap_or("none")
+        server.template.map_or("none", Template::name)
     );
     for conn in listener.incoming() {
         let Ok(stream) = conn else { continue };

@@ -1,4 +1,4 @@
-//! The attention KV cache in f32, f16 or Q8_0 (`--kv`).
+//! The attention KV cache in f32, f16 or Q8_0.
 //!
 //! Layout per stored matrix: [attention layers][ctx][Hkv·hd]. Q8_0 keeps
 //! blocks of 32 along each row (so head_dim must be a multiple of 32); keys
@@ -11,35 +11,23 @@ use crate::kernels::{Arch, Kernels};
 use crate::quant::{dequant_q8, BlockQ8Act, BlockQ8_0, QK};
 
 /// Element type of the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvType {
+    /// f32 (exact).
     F32,
+    /// f16 (half the memory).
     F16,
+    /// Q8_0 blocks of 32 with an f16 scale (3.76× smaller than f32; needs a head_dim that is a multiple of 32).
+    #[value(alias = "q8_0")]
     Q8,
 }
 
 impl KvType {
-    pub fn parse(s: &str) -> Result<KvType, String> {
-        match s {
-            "f32" => Ok(KvType::F32),
-            "f16" => Ok(KvType::F16),
-            "q8" | "q8_0" => Ok(KvType::Q8),
-            other => Err(format!("unknown --kv type '{other}' (f32, f16 or q8)")),
-        }
-    }
     pub fn name(self) -> &'static str {
         match self {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
             KvType::Q8 => "q8",
-        }
-    }
-    /// Bytes per cached value (Q8_0: 34 bytes per 32 values).
-    pub fn bytes_per_value(self) -> f64 {
-        match self {
-            KvType::F32 => 4.0,
-            KvType::F16 => 2.0,
-            KvType::Q8 => 34.0 / 32.0,
         }
     }
 }
@@ -54,9 +42,8 @@ enum Store {
 /// A vector of `n` copies of `fill`, or a one-line error instead of an abort when memory runs out.
 pub(crate) fn try_alloc<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>, String> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
-        format!("cannot allocate the {what} ({} MiB); try a smaller --ctx", (n * std::mem::size_of::<T>()) >> 20)
-    })?;
+    v.try_reserve_exact(n)
+        .map_err(|_| format!("cannot allocate the {what} ({} MiB)", (n * std::mem::size_of::<T>()) >> 20))?;
     v.resize(n, fill);
     Ok(v)
 }
@@ -124,7 +111,9 @@ pub struct Query<'a> {
 impl KvCache {
     pub fn new(ty: KvType, layers: usize, ctx: usize, row: usize, head_dim: usize) -> Result<KvCache, String> {
         if ty == KvType::Q8 && !head_dim.is_multiple_of(QK) {
-            return Err(format!("--kv q8 needs a head_dim that is a multiple of {QK} (this model's is {head_dim})"));
+            return Err(format!(
+                "a Q8 KV cache needs a head_dim that is a multiple of {QK} (this model's is {head_dim})"
+            ));
         }
         let n = layers.checked_mul(ctx).and_then(|v| v.checked_mul(row)).ok_or("KV cache size overflows")?;
         Ok(KvCache { ty, ctx, row, keys: Store::new(ty, n, "key cache")?, values: Store::new(ty, n, "value cache")? })

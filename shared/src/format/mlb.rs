@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::bytes::ByteReader;
 use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32, QK};
 
 pub const MAGIC: &[u8; 8] = b"KRAFLAMB";
@@ -134,61 +135,6 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// Bounds-checked little-endian cursor; every read names what it was reading.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or_else(|| format!("truncated: file ends while reading {what} at byte {}", self.pos))?;
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self, what: &str) -> Result<u8, String> {
-        Ok(self.take(1, what)?[0])
-    }
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
-    }
-    fn u64(&mut self, what: &str) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
-    }
-    fn i64(&mut self, what: &str) -> Result<i64, String> {
-        Ok(i64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
-    }
-    fn f64(&mut self, what: &str) -> Result<f64, String> {
-        Ok(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
-    }
-    /// A length-prefixed UTF-8 string of at most `max` bytes.
-    fn string(&mut self, max: u32, what: &str) -> Result<String, String> {
-        let len = self.u32(what)?;
-        if len > max {
-            return Err(format!("{what} has length {len}, more than the limit {max}"));
-        }
-        let b = self.take(len as usize, what)?;
-        String::from_utf8(b.to_vec()).map_err(|_| format!("{what} is not valid UTF-8"))
-    }
-    /// An array count, checked against the limit and the bytes left.
-    fn count(&mut self, max: u32, elem_bytes: usize, what: &str) -> Result<usize, String> {
-        let n = self.u32(what)?;
-        if n > max {
-            return Err(format!("{what} {n} exceeds the limit {max}"));
-        }
-        let need = (n as usize).saturating_mul(elem_bytes);
-        if need > self.bytes.len() - self.pos {
-            return Err(format!("truncated: {what} {n} needs more bytes than the file has"));
-        }
-        Ok(n as usize)
-    }
-}
-
 impl Mlb {
     /// Opens and validates a model file. Errors are one line naming the file.
     pub fn open(path: &Path) -> Result<Mlb, String> {
@@ -274,7 +220,7 @@ impl Mlb {
 type Layout = (HashMap<String, MetaValue>, Vec<TensorInfo>);
 
 fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
-    let mut c = Cursor { bytes, pos: 0 };
+    let mut c = ByteReader::new(bytes);
     let magic = c.take(8, "magic")?;
     if magic != MAGIC {
         return Err("not a Krafla model (bad magic; expected KRAFLAMB)".into());
@@ -295,7 +241,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
 
     let mut meta = HashMap::new();
     for i in 0..n_meta {
-        let key = c.string(MAX_KEY, &format!("metadata key {i}"))?;
+        let key = c.str(MAX_KEY, &format!("metadata key {i}"))?.to_string();
         if key.is_empty() {
             return Err(format!("metadata key {i} is empty"));
         }
@@ -303,7 +249,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         let value = match c.u8(&what)? {
             0 => MetaValue::Int(c.i64(&what)?),
             1 => MetaValue::Float(c.f64(&what)?),
-            2 => MetaValue::Str(c.string(MAX_STRING, &what)?),
+            2 => MetaValue::Str(c.str(MAX_STRING, &what)?.to_string()),
             3 => {
                 let n = c.count(MAX_ARRAY, 8, &format!("{what} element count"))?;
                 MetaValue::IntArray((0..n).map(|_| c.i64(&what)).collect::<Result<_, _>>()?)
@@ -328,7 +274,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     let mut raws: Vec<Raw> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for i in 0..n_tensors {
-        let name = c.string(MAX_KEY, &format!("tensor {i} name"))?;
+        let name = c.str(MAX_KEY, &format!("tensor {i} name"))?.to_string();
         if name.is_empty() {
             return Err(format!("tensor {i} has an empty name"));
         }
@@ -347,7 +293,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         raws.push(Raw { name, ttype, dims, offset });
     }
 
-    let data_start = (c.pos as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+    let data_start = (c.pos() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
     let file_len = bytes.len() as u64;
     let mut tensors = Vec::with_capacity(raws.len());
     for r in raws {

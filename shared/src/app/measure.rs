@@ -1,13 +1,14 @@
 //! Measurement modes: `--bench` (llama-bench-style rows plus the decode
 //! roofline) and `--perplexity` (llama.cpp's protocol).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::generate::Generator;
 use crate::kernels::ISA;
-use crate::kvcache::KvType;
-use crate::model::{LogitsFor, Model, State};
+use crate::model::{KvType, LogitsFor, Model, State};
 use crate::tokenizer::Tokenizer;
 
 /// Settings of one `--bench` run.
@@ -62,11 +63,12 @@ pub fn memory_read_bandwidth() -> f64 {
 
 /// Prints llama-bench-style markdown rows for prompt processing and
 /// generation, then the decode roofline.
-pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
+pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
     let c = &model.config;
     let ctx = (cfg.prompt_tokens.max(cfg.gen_tokens + 1)).min(c.context_length);
     let size_gib = model.file.file_len() as f64 / (1u64 << 30) as f64;
     let params_b = model.n_params() as f64 / 1e9;
+    let vocab = c.vocab_size;
     println!("| model | size | params | isa | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");
     let row = |test: String, rates: &[f64]| {
@@ -76,17 +78,15 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
             cfg.threads
         );
     };
+    let mut gen = Generator::new(model.clone(), State::with_kv(c, ctx, cfg.kv)?, cfg.batch);
     if cfg.prompt_tokens > 0 {
-        let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), c.vocab_size);
+        let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), vocab);
         let mut rates = Vec::new();
         // one untimed run first, as llama-bench does (page faults, caches)
         for rep in 0..=cfg.repetitions {
-            let mut st = State::with_kv(c, ctx, cfg.kv)?;
+            gen.reset();
             let t = Instant::now();
-            for (i, chunk) in tokens.chunks(cfg.batch).enumerate() {
-                let last = (i + 1) * cfg.batch >= tokens.len();
-                model.forward(&mut st, chunk, if last { LogitsFor::Last } else { LogitsFor::None })?;
-            }
+            gen.prefill(&tokens, LogitsFor::Last, &|| false)?;
             if rep > 0 {
                 rates.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
             }
@@ -98,14 +98,14 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
         let n = cfg.gen_tokens.min(ctx - 1);
         let mut rates = Vec::new();
         // an untimed token first, as llama-bench's warm-up
-        model.forward(&mut State::with_kv(c, ctx, cfg.kv)?, &bench_tokens(1, c.vocab_size), LogitsFor::Last)?;
+        gen.reset();
+        gen.step(bench_tokens(1, vocab)[0])?;
         for _ in 0..cfg.repetitions {
-            let mut st = State::with_kv(c, ctx, cfg.kv)?;
-            let mut token = bench_tokens(1, c.vocab_size)[0];
+            gen.reset();
+            let mut token = bench_tokens(1, vocab)[0];
             let t = Instant::now();
             for _ in 0..n {
-                let logits = model.forward(&mut st, &[token], LogitsFor::Last)?;
-                token = crate::sampler::argmax(&logits);
+                token = crate::sampler::argmax(&gen.step(token)?);
             }
             rates.push(n as f64 / t.elapsed().as_secs_f64());
         }
@@ -131,15 +131,13 @@ pub fn bench(model: &Model, model_name: &str, cfg: &BenchConfig) -> Result<(), S
 /// chunks of `ctx` tokens, BOS replacing the first token of each chunk when
 /// the tokenizer adds one, only the second half of each chunk scored.
 pub fn perplexity(
-    model: &Model,
+    gen: &mut Generator,
     tokenizer: &Tokenizer,
     text: &str,
-    ctx: usize,
     max_chunks: Option<usize>,
-    batch: usize,
-    kv: KvType,
 ) -> Result<f64, String> {
-    let c = &model.config;
+    let vocab = gen.model().config.vocab_size;
+    let ctx = gen.state().ctx;
     let tokens = tokenizer.encode(text, true);
     let bos = tokenizer.encode("", true).first().copied().filter(|&b| Some(b) == tokenizer.bos_id());
     if tokens.len() < 2 * ctx {
@@ -153,19 +151,15 @@ pub fn perplexity(
         ctx - 1 - first
     );
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
-    let mut st = State::with_kv(c, ctx, kv)?;
     for i in 0..n_chunks {
         let mut chunk = tokens[i * ctx..(i + 1) * ctx].to_vec();
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        st.reset();
-        let mut logits = Vec::with_capacity(ctx * c.vocab_size);
-        for part in chunk.chunks(batch) {
-            logits.extend(model.forward(&mut st, part, LogitsFor::All)?);
-        }
+        gen.reset();
+        let logits = gen.prefill(&chunk, LogitsFor::All, &|| false)?.unwrap_or_default();
         for j in first..ctx - 1 {
-            let row = &logits[j * c.vocab_size..(j + 1) * c.vocab_size];
+            let row = &logits[j * vocab..(j + 1) * vocab];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
             let log_sum = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
             let v = log_sum - row[tokens[i * ctx + j + 1] as usize] as f64;

@@ -4,8 +4,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::engine::{Finish, GenParams, TokenLogprob};
-use super::template::{Message, Role};
+use super::engine::{GenParams, TokenLogprob};
+use crate::chat::{Message, Role};
+use crate::generate::Finish;
 
 /// An error answer in OpenAI's shape.
 #[derive(Debug)]

@@ -1,7 +1,12 @@
-//! Parser for the `.mlt` tokenizer file (docs/FORMAT.md, section `.mlt`).
+//! Reader for `.mlt` tokenizer files (docs/FORMAT.md, section `.mlt`): the
+//! structure only (ids in range, UTF-8 strings); `crate::tokenizer` builds
+//! the lookup tables from it.
 //!
 //! Every count and length is checked against the bytes that remain before anything is
-//! allocated, so a hostile file can never make the reader allocate more than its own size.
+//! allocated (`ByteReader`), so a hostile file can never make the reader allocate more
+//! than its own size.
+
+use super::bytes::ByteReader;
 
 /// File magic.
 pub const MAGIC: &[u8; 8] = b"KRAFLAMT";
@@ -75,73 +80,6 @@ pub struct RawTokenizer {
     pub merges: Vec<(u32, u32)>,
 }
 
-/// Bounds-checked little-endian cursor over the file.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
-        if n > self.remaining() {
-            return Err(format!(
-                "truncated file: {what} needs {n} bytes at offset {}, only {} left",
-                self.pos,
-                self.remaining()
-            ));
-        }
-        let out = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(out)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N, what)?);
-        Ok(out)
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    fn i32(&mut self, what: &str) -> Result<i32, String> {
-        Ok(i32::from_le_bytes(self.array(what)?))
-    }
-
-    /// A `u32` length followed by that many UTF-8 bytes.
-    fn string(&mut self, what: &str, max_len: u32) -> Result<&'a str, String> {
-        let len = self.u32(what)?;
-        if len > max_len {
-            return Err(format!("{what} length {len} exceeds the limit {max_len}"));
-        }
-        let bytes = self.take(len as usize, what)?;
-        std::str::from_utf8(bytes).map_err(|e| format!("{what} is not valid UTF-8 ({e})"))
-    }
-
-    /// A count that is followed by `count` entries of at least `entry_size` bytes each.
-    fn count(&mut self, what: &str, max: u32, entry_size: usize) -> Result<usize, String> {
-        let n = self.u32(what)?;
-        if n > max {
-            return Err(format!("{what} {n} exceeds the limit {max}"));
-        }
-        let n = n as usize;
-        let need = n.checked_mul(entry_size).ok_or_else(|| format!("{what} {n} overflows"))?;
-        if need > self.remaining() {
-            return Err(format!(
-                "truncated file: {what} {n} needs at least {need} bytes at offset {}, only {} left",
-                self.pos,
-                self.remaining()
-            ));
-        }
-        Ok(n)
-    }
-}
-
 fn model_kind(v: u32) -> Result<ModelKind, String> {
     match v {
         0 => Ok(ModelKind::ByteLevel),
@@ -171,7 +109,7 @@ fn optional_id(v: i32, what: &str, n_vocab: usize) -> Result<Option<u32>, String
 
 /// Parse and structurally validate a whole `.mlt` file.
 pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
-    let mut r = Reader { buf, pos: 0 };
+    let mut r = ByteReader::new(buf);
     let magic = r.take(8, "magic")?;
     if magic != MAGIC {
         return Err("bad magic (not a KRAFLAMT tokenizer file)".to_string());
@@ -190,23 +128,23 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
     for (slot, what) in special.iter_mut().zip(SPECIAL_NAMES) {
         *slot = r.i32(what)?;
     }
-    let chat_template = r.string("chat template", MAX_TOKEN_LEN)?.to_string();
+    let chat_template = r.str(MAX_TOKEN_LEN, "chat template")?.to_string();
 
-    let n_vocab = r.count("n_vocab", MAX_VOCAB, MIN_VOCAB_ENTRY)?;
+    let n_vocab = r.count(MAX_VOCAB, MIN_VOCAB_ENTRY, "n_vocab")?;
     let mut tokens = Vec::with_capacity(n_vocab);
     let mut types = Vec::with_capacity(n_vocab);
     for i in 0..n_vocab {
         let what = format!("token {i}");
-        tokens.push(r.string(&what, MAX_TOKEN_LEN)?.to_string());
-        let _score = f32::from_le_bytes(r.array(&what)?);
-        let ty = r.array::<1>(&what)?[0];
+        tokens.push(r.str(MAX_TOKEN_LEN, &what)?.to_string());
+        let _score = r.f32(&what)?;
+        let ty = r.u8(&what)?;
         if ty > TYPE_UNKNOWN {
             return Err(format!("{what} has unknown token type {ty}"));
         }
         types.push(ty);
     }
 
-    let n_merges = r.count("n_merges", MAX_MERGES, MERGE_ENTRY)?;
+    let n_merges = r.count(MAX_MERGES, MERGE_ENTRY, "n_merges")?;
     let mut merges = Vec::with_capacity(n_merges);
     for i in 0..n_merges {
         let what = format!("merge {i}");

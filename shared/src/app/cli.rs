@@ -1,0 +1,229 @@
+//! The command line of every Krafla executable (`ml_run` and the per-ISA
+//! builds): generate text from a prompt, the measurement modes (`--bench`,
+//! `--perplexity`), and the test interfaces (`--prompt-ids`, `--logits-out`,
+//! `--tokenize`, `--print-ids`).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+
+use super::measure;
+use super::options::{startup_line, RunArgs};
+use crate::generate::{DecodeParams, Generator, Token};
+use crate::model::LogitsFor;
+use crate::sampler::SamplerConfig;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Parser, Debug)]
+#[command(name = "ml_run", version, about = "Krafla: run a Llama-style model (.mlb) on the CPU")]
+pub struct Args {
+    /// Model file (.mlb). Not needed with --tokenize.
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long)]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Temperature; 0 is greedy.
+    #[arg(short = 'T', long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for tokens among the last 64 (1.0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed for sampling (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Prompt as comma-separated token ids (skips the tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Write f32 little-endian logits of every prompt position ([T][V]) to FILE.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Print the prompt's token ids as a JSON array and exit (needs only -z).
+    #[arg(long)]
+    pub tokenize: bool,
+    /// Print generated token ids as a JSON array instead of text.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Benchmark: prompt processing (--pp) and generation (--tg) speed, llama-bench style.
+    #[arg(long)]
+    pub bench: bool,
+    /// --bench: prompt tokens (also accepted as -pp).
+    #[arg(long = "pp", default_value_t = 512)]
+    pub bench_pp: usize,
+    /// --bench: generated tokens (also accepted as -tg).
+    #[arg(long = "tg", default_value_t = 128)]
+    pub bench_tg: usize,
+    /// --bench: repetitions.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub bench_reps: usize,
+    /// Perplexity of a text file (llama.cpp's protocol; --ctx defaults to 512 here).
+    #[arg(long)]
+    pub perplexity: Option<PathBuf>,
+    /// --perplexity: score at most this many chunks (default: all).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+}
+
+/// `ml_run ARGS`.
+pub fn main(argv: Vec<OsString>) -> Result<(), String> {
+    // llama-bench spells these with one dash.
+    let argv = argv
+        .into_iter()
+        .map(|a| match a.to_str() {
+            Some("-pp") => "--pp".into(),
+            Some("-tg") => "--tg".into(),
+            _ => a,
+        })
+        .collect();
+    let Some(args) = super::parse_args::<Args>(argv)? else { return Ok(()) };
+    let tokenizer = args.run.load_tokenizer()?;
+    let text = prompt_text(&args, tokenizer.as_ref())?;
+    if args.tokenize {
+        let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z)")?;
+        let ids = tok.encode(text.as_deref().unwrap_or(""), true);
+        println!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        return Ok(());
+    }
+    let (pool, threads) = args.run.thread_pool()?;
+    // Everything below runs on a pool thread, so parallel loops start inside the pool.
+    pool.install(|| run_model(&args, tokenizer, text, threads))
+}
+
+/// The prompt text (`-p` then `-f`), wrapped in the chat template when there is one.
+fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<String>, String> {
+    let mut text = args.prompt.clone();
+    if let Some(path) = &args.prompt_file {
+        let t =
+            std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
+        text = Some(text.map_or(t.clone(), |p| p + &t));
+    }
+    Ok(match (args.run.template(tokenizer, false)?, text) {
+        (Some(template), Some(t)) => Some(template.format_turn(args.run.system.as_deref(), &t)),
+        (_, t) => t,
+    })
+}
+
+/// Loads the model and runs the chosen mode (bench, perplexity, logits, generation).
+fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, threads: usize) -> Result<(), String> {
+    let model_path = args.model.as_ref().ok_or("no model given (ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)")?;
+    let model = args.run.load_model(model_path, tokenizer.as_ref())?;
+    let vocab = model.config.vocab_size;
+
+    if args.bench {
+        let cfg = measure::BenchConfig {
+            prompt_tokens: args.bench_pp,
+            gen_tokens: args.bench_tg,
+            repetitions: args.bench_reps,
+            batch: args.run.batch,
+            threads,
+            kv: args.run.kv,
+        };
+        if cfg.repetitions == 0 {
+            return Err("-r must be at least 1".into());
+        }
+        let name = model_path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        return measure::bench(model, &name, &cfg);
+    }
+    if let Some(path) = &args.perplexity {
+        let tok = tokenizer.as_ref().ok_or("--perplexity needs a tokenizer (-z)")?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let ctx = args.run.ctx.unwrap_or(512);
+        if ctx < 4 || ctx > model.config.context_length {
+            return Err(format!("--ctx {ctx} must be within 4..={}", model.config.context_length));
+        }
+        let state = args.run.state(&model, ctx)?;
+        measure::perplexity(&mut Generator::new(model, state, args.run.batch), tok, &text, args.chunks)?;
+        return Ok(());
+    }
+
+    let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(t), Some(tok)) => tok.encode(t, true),
+        (None, Some(_), None) => return Err("a text prompt needs a tokenizer (-z), or use --prompt-ids".into()),
+        (None, None, _) => return Err("no prompt: give -p, -f or --prompt-ids".into()),
+    };
+    if prompt.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(format!("token id {bad} is outside the vocabulary (size {vocab})"));
+    }
+    let ctx = args.run.ctx(&model)?;
+    if prompt.len() > ctx {
+        return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
+    }
+    let state = args.run.state(&model, ctx)?;
+    eprintln!("{}", startup_line(model_path, &model, threads, ctx, &state, args.run.kv));
+    let mut generator = Generator::new(model, state, args.run.batch);
+
+    // ---- prompt ----
+    let t0 = Instant::now();
+    let want = if args.logits_out.is_some() { LogitsFor::All } else { LogitsFor::Last };
+    let logits = generator.prefill(&prompt, want, &|| false)?.unwrap_or_default();
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    if let Some(path) = &args.logits_out {
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).map_err(|e| format!("{}: cannot write logits: {e}", path.display()))?;
+    }
+
+    // ---- generation ----
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
+    let params = DecodeParams {
+        max_tokens: args.n_predict,
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            seed,
+            ..Default::default()
+        },
+        stop_ids: tokenizer.as_ref().map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect()),
+        stop_strings: Vec::new(),
+    };
+    let text_out = if args.print_ids { None } else { tokenizer.as_ref() };
+    let mut out = std::io::stdout().lock();
+    let t1 = Instant::now();
+    let last = logits[logits.len() - vocab..].to_vec();
+    let done = generator.decode(last, &prompt, &params, text_out, &mut |t: Token| {
+        if !t.text.is_empty() {
+            let _ = out.write_all(t.text.as_bytes());
+            let _ = out.flush();
+        }
+        true
+    })?;
+    let gen_secs = t1.elapsed().as_secs_f64();
+    if text_out.is_none() {
+        let _ = writeln!(out, "[{}]", done.tokens.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    } else {
+        let _ = out.write_all(done.tail.as_bytes());
+        let _ = writeln!(out);
+    }
+    eprintln!(
+        "krafla: prompt {} tokens, {:.1} tokens/s; generation {} tokens, {:.1} tokens/s",
+        prompt.len(),
+        prompt.len() as f64 / prompt_secs.max(1e-9),
+        done.tokens.len(),
+        done.tokens.len() as f64 / gen_secs.max(1e-9)
+    );
+    Ok(())
+}

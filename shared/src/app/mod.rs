@@ -1,0 +1,66 @@
+//! The applications every Krafla executable holds, above the library: the
+//! command line (`cli`: generation and the test interfaces), its measurement
+//! modes (`measure`: `--bench`, `--perplexity`) and the OpenAI-compatible
+//! server (`server`, `ml_run --server` / `ml_server`). `options` holds what
+//! they share. Nothing below `app` prints or exits.
+
+pub mod cli;
+pub mod measure;
+pub mod options;
+pub mod server;
+
+/// Exit code for bad input files, arguments or requests.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// Entry point of every executable; returns the process exit code.
+pub fn main() -> i32 {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `ml_run --server ...` (and the `ml_server` launcher name) runs the HTTP server.
+    let result = if argv.get(1).is_some_and(|a| a == "--server") {
+        argv.remove(1);
+        server::main(argv)
+    } else {
+        cli::main(argv)
+    };
+    match result {
+        Ok(()) => 0,
+        Err(msg) => {
+            eprintln!("krafla: {msg}");
+            EXIT_BAD_INPUT
+        }
+    }
+}
+
+/// Parses the command line of `P`: Ok(None) after printing help or the
+/// version, Err with one line for a bad command line.
+pub(crate) fn parse_args<P: clap::Parser>(argv: Vec<std::ffi::OsString>) -> Result<Option<P>, String> {
+    match P::try_parse_from(argv) {
+        Ok(a) => Ok(Some(a)),
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            Ok(None)
+        }
+        Err(e) => Err(one_line(&e.to_string())),
+    }
+}
+
+/// clap's error text as one line: its lines joined, the "error: " prefix and
+/// the pointer to --help dropped.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clap_errors_become_one_line() {
+        let text = "error: invalid value 'nope' for '--chat <CHAT>'\n  [possible values: auto, chatml]\n\n\
+                    For more information, try '--help'.\n";
+        assert_eq!(super::one_line(text), "invalid value 'nope' for '--chat <CHAT>' [possible values: auto, chatml]");
+    }
+}

@@ -1,0 +1,189 @@
+//! What the CLI and the server share: the options that say which model and
+//! tokenizer to run and how (threads, context, KV cache, prompt batch, chat
+//! template, repacking), loading and checking them, the thread pool, and the
+//! startup line.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
+
+use clap::builder::PossibleValue;
+use clap::ValueEnum;
+
+use crate::chat::Template;
+use crate::kernels::ISA;
+use crate::model::{KvType, LoadOptions, Model, State};
+use crate::tokenizer::Tokenizer;
+
+/// `--chat`: a template, or the one the tokenizer file records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatChoice {
+    Auto,
+    Template(Template),
+}
+
+impl ValueEnum for ChatChoice {
+    fn value_variants<'a>() -> &'a [Self] {
+        static ALL: LazyLock<Vec<ChatChoice>> = LazyLock::new(|| {
+            std::iter::once(ChatChoice::Auto)
+                .chain(Template::value_variants().iter().map(|&t| ChatChoice::Template(t)))
+                .collect()
+        });
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            ChatChoice::Auto => PossibleValue::new("auto").help("the template the tokenizer file records"),
+            ChatChoice::Template(t) => t.to_possible_value()?,
+        })
+    }
+}
+
+/// Options of every mode that runs a model.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Tokenizer file (.mlt).
+    #[arg(short = 'z', long = "tokenizer")]
+    pub tokenizer: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context length (default: 4096 or the model's maximum if smaller).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// KV cache type.
+    #[arg(long = "kv", value_enum, default_value_t = KvType::F32)]
+    pub kv: KvType,
+    /// Prompt tokens evaluated per forward call.
+    #[arg(long, default_value_t = 512)]
+    pub batch: usize,
+    /// Chat template (ml_run: wrap the prompt in it; ml_server: for /v1/chat/completions, by default the
+    /// tokenizer file's).
+    #[arg(long, value_enum)]
+    pub chat: Option<ChatChoice>,
+    /// System prompt for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Keep Q8_0/Q4_0 weights only in the mapped file: no interleaved copy
+    /// for the eight-row kernels (slower, less memory; same logits).
+    #[arg(long)]
+    pub no_repack: bool,
+}
+
+impl RunArgs {
+    /// `-t`, or every core.
+    pub fn threads(&self) -> Result<usize, String> {
+        match self.threads {
+            Some(0) => Err("-t must be at least 1".into()),
+            Some(n) => Ok(n),
+            None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        }
+    }
+
+    /// The worker threads every parallel loop runs on.
+    pub fn thread_pool(&self) -> Result<(rayon::ThreadPool, usize), String> {
+        let threads = self.threads()?;
+        if self.batch == 0 {
+            return Err("--batch must be at least 1".into());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+        Ok((pool, threads))
+    }
+
+    pub fn load_tokenizer(&self) -> Result<Option<Tokenizer>, String> {
+        self.tokenizer.as_deref().map(Tokenizer::load).transpose()
+    }
+
+    /// The model, checked against the tokenizer when there is one.
+    pub fn load_model(&self, path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Arc<Model>, String> {
+        let model = Model::load_with(path, LoadOptions { repack: !self.no_repack })?;
+        if let Some(t) = tokenizer {
+            if t.vocab_size() > model.config.vocab_size {
+                return Err(format!(
+                    "tokenizer has {} tokens but the model only {}: they do not belong together",
+                    t.vocab_size(),
+                    model.config.vocab_size
+                ));
+            }
+        }
+        Ok(Arc::new(model))
+    }
+
+    /// `--ctx`, or 4096 (the model's maximum if smaller).
+    pub fn ctx(&self, model: &Model) -> Result<usize, String> {
+        let max = model.config.context_length;
+        match self.ctx {
+            Some(0) => Err("--ctx must be at least 1".into()),
+            Some(n) if n > max => Err(format!("--ctx {n} exceeds the model's maximum context {max}")),
+            Some(n) => Ok(n),
+            None => Ok(max.min(4096)),
+        }
+    }
+
+    /// A sequence's state for `ctx` positions with the `--kv` cache.
+    pub fn state(&self, model: &Model, ctx: usize) -> Result<State, String> {
+        State::with_kv(&model.config, ctx, self.kv).map_err(|e| format!("--kv {} --ctx {ctx}: {e}", self.kv.name()))
+    }
+
+    /// The chat template: `--chat`, or with `auto` the tokenizer file's;
+    /// `default_auto` makes no `--chat` mean `auto` where the file names one.
+    pub fn template(&self, tokenizer: Option<&Tokenizer>, default_auto: bool) -> Result<Option<Template>, String> {
+        let recorded = || -> Result<Option<Template>, String> {
+            let Some(tok) = tokenizer else { return Ok(None) };
+            let name = tok.chat_template();
+            if name.is_empty() {
+                return Ok(None);
+            }
+            Template::from_name(name).map(Some).ok_or_else(|| {
+                format!("the tokenizer file names the chat template {name:?}, which this build does not know")
+            })
+        };
+        match self.chat {
+            Some(ChatChoice::Template(t)) => Ok(Some(t)),
+            Some(ChatChoice::Auto) if tokenizer.is_none() => Err("--chat auto needs a tokenizer (-z)".into()),
+            Some(ChatChoice::Auto) => recorded()?
+                .map(Some)
+                .ok_or_else(|| "--chat auto: the tokenizer file names no chat template; pass one".to_string()),
+            None if default_auto => recorded(),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The line both executables print when a model is loaded: the build, the
+/// threads, the model and the memory it takes.
+pub fn startup_line(path: &Path, model: &Model, threads: usize, ctx: usize, state: &State, kv: KvType) -> String {
+    let mib = |b: f64| b / 1048576.0;
+    format!(
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights \
+         (mapped) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
+        path.display(),
+        model.config.arch,
+        model.n_params() as f64 / 1e6,
+        mib(model.file.file_len() as f64),
+        mib(model.repacked_bytes() as f64),
+        mib(state.bytes() as f64),
+        kv.name()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_choices_are_auto_and_every_template() {
+        let names: Vec<String> = ChatChoice::value_variants()
+            .iter()
+            .map(|c| c.to_possible_value().unwrap().get_name().to_string())
+            .collect();
+        assert_eq!(names[0], "auto");
+        assert_eq!(names.len(), 1 + Template::value_variants().len());
+        for &t in Template::value_variants() {
+            assert!(names.iter().any(|n| n == t.name()), "{}", t.name());
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Attention for a batch of new tokens: q/k/v projections, biases, q/k
+//! norms, RoPE, the append to the KV cache, causal (optionally windowed)
+//! attention over the cache, the output gate and the output projection.
+
+use rayon::prelude::*;
+
+use super::config::{Config, LayerKind};
+use super::kvcache::KvCache;
+use super::rope::RopeTables;
+use super::state::State;
+use super::weights::AttentionWeights;
+use super::Model;
+use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
+
+impl Model {
+    /// Attention for the new tokens: q/k/v projections, biases, q/k norms,
+    /// RoPE, cache append, causal (windowed) attention, output gate, o_proj.
+    pub(super) fn attention_block(
+        &self,
+        l: usize,
+        w: &AttentionWeights,
+        xn: &[f32],
+        st: &mut State,
+        rope: &RopeTables,
+        out: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+        let n_tok = xn.len() / c.hidden_size;
+        let input = Input::new(xn, c.hidden_size);
+        let mut q = vec![0.0f32; n_tok * w.q.rows];
+        let mut k = vec![0.0f32; n_tok * kv_dim];
+        let mut v = vec![0.0f32; n_tok * kv_dim];
+        let (wq, wk, wv) = (self.mat(&w.q), self.mat(&w.k), self.mat(&w.v));
+        matmul_group(&mut [(&wq, &mut q[..]), (&wk, &mut k[..]), (&wv, &mut v[..])], &input);
+        add_bias_rows(&mut q, w.q_bias.as_deref());
+        add_bias_rows(&mut k, w.k_bias.as_deref());
+        add_bias_rows(&mut v, w.v_bias.as_deref());
+
+        // Split [query | gate] per head when the layer has an output gate.
+        let (mut queries, gates) = if c.attn_output_gate { split_query_gate(&q, c) } else { (q, Vec::new()) };
+        if let Some(wn) = &w.q_norm {
+            head_rmsnorm(&mut queries, wn, hd, c.norm_eps);
+        }
+        if let Some(wn) = &w.k_norm {
+            head_rmsnorm(&mut k, wn, hd, c.norm_eps);
+        }
+        let sliding = c.layer_kinds[l] == LayerKind::Sliding;
+        if c.layer_rope[l] {
+            let table = if sliding { &rope.local } else { &rope.global };
+            rope.apply(table, &mut queries, hd);
+            rope.apply(table, &mut k, hd);
+        }
+
+        // Append keys and values to this layer's cache slot.
+        st.kv.write(st.slot[l], st.pos, &k, &v);
+        let window = if sliding { c.sliding_window } else { 0 };
+        let mut att = vec![0.0f32; n_tok * c.q_dim()];
+        attention(c, &queries, &st.kv, st.slot[l], st.pos, window, &mut att);
+        if c.attn_output_gate {
+            for (a, g) in att.iter_mut().zip(&gates) {
+                *a *= 1.0 / (1.0 + (-*g).exp());
+            }
+        }
+        matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
+    }
+}
+
+fn add_bias_rows(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        x.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(v, bv)| *v += bv));
+    }
+}
+
+/// RMSNorm of every head_dim-wide slice (q/k norms).
+fn head_rmsnorm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
+    let mut tmp = vec![0.0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        Arch::rmsnorm(head, w, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// [T][H][2·hd] (query rows then gate rows per head) → ([T][H·hd], [T][H·hd]).
+fn split_query_gate(q: &[f32], c: &Config) -> (Vec<f32>, Vec<f32>) {
+    let hd = c.head_dim;
+    let mut query = Vec::with_capacity(q.len() / 2);
+    let mut gate = Vec::with_capacity(q.len() / 2);
+    for head in q.chunks_exact(2 * hd) {
+        query.extend_from_slice(&head[..hd]);
+        gate.extend_from_slice(&head[hd..]);
+    }
+    (query, gate)
+}
+
+/// Causal (optionally windowed) multi-head attention of T new queries over the
+/// cache slot of this layer; writes [T][H·hd]. One task per (token, head):
+/// fixed order inside.
+fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, window: usize, out: &mut [f32]) {
+    let hd = c.head_dim;
+    let group = c.n_heads / c.n_kv_heads;
+    // Short contexts are cheaper on one thread than split across several.
+    let positions = pos0 + q.len() / (c.n_heads * hd);
+    let min_len = (4096 / (positions * hd).max(1)).clamp(1, c.n_heads);
+    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each(|(idx, o)| {
+        let (t, h) = (idx / c.n_heads, idx % c.n_heads);
+        let pos = pos0 + t;
+        let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+        let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
+        let kv_off = (h / group) * hd;
+        let mut scores = vec![0.0f32; pos + 1 - first];
+        kv.scores(slot, first, kv_off, &query, &mut scores);
+        for s in scores.iter_mut() {
+            *s *= c.query_scale;
+            if c.attn_softcap > 0.0 {
+                *s = c.attn_softcap * (*s / c.attn_softcap).tanh();
+            }
+        }
+        Arch::softmax(&mut scores);
+        o.fill(0.0);
+        let mut scratch = vec![0.0f32; hd];
+        kv.accumulate_values(slot, first, kv_off, &scores, o, &mut scratch);
+    });
+}

@@ -1,0 +1,289 @@
+//! The hyperparameters of a model, read from its `.mlb` metadata
+//! (docs/FORMAT.md) and checked, plus the RoPE frequencies they imply.
+
+use crate::format::mlb::Mlb;
+
+/// What a layer's mixer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Causal attention over every earlier position.
+    Full,
+    /// Causal attention over the last `sliding_window` positions.
+    Sliding,
+    /// Gated DeltaNet linear attention (Qwen3.5; deltanet.rs).
+    DeltaNet,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (i, i + d/2): Hugging Face / NeoX layout.
+    Half,
+    /// Pairs (2i, 2i + 1): original Llama / llama2.c layout.
+    Interleaved,
+}
+
+/// Hyperparameters read from the file's metadata (docs/FORMAT.md).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub context_length: usize,
+    pub norm_eps: f32,
+    pub norm_unit_offset: bool,
+    pub norm_sandwich: bool,
+    pub embed_scale: f32,
+    pub tie_embeddings: bool,
+    pub activation: Activation,
+    pub rope_style: RopeStyle,
+    pub rope_dim: usize,
+    /// Inverse frequencies for full-attention layers (scaling applied).
+    pub inv_freq_global: Vec<f32>,
+    /// Inverse frequencies for sliding-window layers.
+    pub inv_freq_local: Vec<f32>,
+    pub layer_kinds: Vec<LayerKind>,
+    pub layer_rope: Vec<bool>,
+    pub sliding_window: usize,
+    pub query_scale: f32,
+    pub attn_softcap: f32,
+    pub final_softcap: f32,
+    pub qk_norm: bool,
+    pub attn_output_gate: bool,
+    /// Gated DeltaNet dimensions (zero when the model has no such layers).
+    pub deltanet: DeltaNetDims,
+}
+
+/// Shapes of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeltaNetDims {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetDims {
+    /// Channels of the fused q|k|v projection and of the convolution.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.k_head_dim + self.n_v_heads * self.v_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.v_head_dim
+    }
+}
+
+const LIMIT_VOCAB: i64 = 1 << 24;
+
+const LIMIT_WIDTH: i64 = 1 << 17;
+
+const LIMIT_LAYERS: i64 = 1024;
+
+const LIMIT_HEADS: i64 = 4096;
+
+const LIMIT_CONTEXT: i64 = 1 << 24;
+
+impl Config {
+    pub fn from_mlb(f: &Mlb) -> Result<Config, String> {
+        let p = &f.path;
+        let int = |key: &str, lo: i64, hi: i64| -> Result<usize, String> {
+            let v = f.require_int(key)?;
+            if v < lo || v > hi {
+                return Err(format!("{p}: metadata '{key}' = {v} is outside {lo}..={hi}"));
+            }
+            Ok(v as usize)
+        };
+        let opt_int = |key: &str, default: i64| -> Result<i64, String> { Ok(f.get_int(key)?.unwrap_or(default)) };
+        let opt_float = |key: &str, default: f64| -> Result<f64, String> { Ok(f.get_float(key)?.unwrap_or(default)) };
+
+        let arch_name = f.require_str("arch")?.to_string();
+        const KNOWN: [&str; 9] =
+            ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c"];
+        if !KNOWN.contains(&arch_name.as_str()) {
+            return Err(format!("{p}: unknown architecture '{arch_name}'"));
+        }
+        let vocab_size = int("vocab_size", 1, LIMIT_VOCAB)?;
+        let hidden_size = int("hidden_size", 1, LIMIT_WIDTH)?;
+        let n_layers = int("n_layers", 1, LIMIT_LAYERS)?;
+        let n_heads = int("n_heads", 1, LIMIT_HEADS)?;
+        let n_kv_heads = int("n_kv_heads", 1, LIMIT_HEADS)?;
+        let head_dim = int("head_dim", 2, 4096)?;
+        let ffn_dim = int("ffn_dim", 1, LIMIT_WIDTH * 8)?;
+        let context_length = int("context_length", 1, LIMIT_CONTEXT)?;
+        let norm_eps = f.require_float("norm_eps")? as f32;
+        if n_heads % n_kv_heads != 0 {
+            return Err(format!("{p}: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"));
+        }
+        if !(norm_eps.is_finite() && norm_eps >= 0.0) {
+            return Err(format!("{p}: norm_eps {norm_eps} is not a non-negative number"));
+        }
+
+        let activation = match f.get_str("ffn_act")?.unwrap_or("silu") {
+            "silu" => Activation::Silu,
+            "gelu_tanh" => Activation::GeluTanh,
+            other => return Err(format!("{p}: unknown ffn_act '{other}'")),
+        };
+        let rope_style = match f.get_str("rope_style")?.unwrap_or("half") {
+            "half" => RopeStyle::Half,
+            "interleaved" => RopeStyle::Interleaved,
+            other => return Err(format!("{p}: unknown rope_style '{other}'")),
+        };
+        let rope_dim = opt_int("rope_dim", head_dim as i64)?;
+        if rope_dim < 2 || rope_dim > head_dim as i64 || rope_dim % 2 != 0 {
+            return Err(format!("{p}: rope_dim {rope_dim} must be even and within 2..={head_dim}"));
+        }
+        let rope_dim = rope_dim as usize;
+        let theta = opt_float("rope_theta", 10000.0)?;
+        let local_theta = opt_float("rope_local_theta", theta)?;
+        if !(theta > 1.0 && local_theta > 1.0 && theta.is_finite() && local_theta.is_finite()) {
+            return Err(format!("{p}: rope_theta must be a finite number above 1"));
+        }
+        let mut inv_freq_global = rope_inv_freq(theta, rope_dim);
+        let inv_freq_local = rope_inv_freq(local_theta, rope_dim);
+        let factor = opt_float("rope_scaling_factor", 1.0)?;
+        match f.get_str("rope_scaling")?.unwrap_or("none") {
+            "none" => {}
+            "linear" => inv_freq_global.iter_mut().for_each(|v| *v = (*v as f64 / factor) as f32),
+            "llama3" => llama3_scale(
+                &mut inv_freq_global,
+                factor,
+                opt_float("rope_low_freq_factor", 1.0)?,
+                opt_float("rope_high_freq_factor", 4.0)?,
+                opt_int("rope_original_context", 8192)? as f64,
+            ),
+            other => return Err(format!("{p}: unknown rope_scaling '{other}'")),
+        }
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(format!("{p}: rope_scaling_factor {factor} is not a positive number"));
+        }
+
+        let per_layer = |key: &str, default: i64| -> Result<Vec<i64>, String> {
+            match f.get_int_array(key)? {
+                None => Ok(vec![default; n_layers]),
+                Some(a) if a.len() == n_layers => Ok(a.to_vec()),
+                Some(a) => Err(format!("{p}: '{key}' has {} entries for {n_layers} layers", a.len())),
+            }
+        };
+        let layer_kinds = per_layer("layer_kinds", 0)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| match k {
+                0 => Ok(LayerKind::Full),
+                1 => Ok(LayerKind::Sliding),
+                2 => Ok(LayerKind::DeltaNet),
+                _ => Err(format!("{p}: layer {i} has unknown kind {k}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let layer_rope = per_layer("layer_rope", 1)?.into_iter().map(|v| v != 0).collect();
+        let sliding_window = opt_int("sliding_window", 0)?;
+        if sliding_window < 0 || (sliding_window == 0 && layer_kinds.contains(&LayerKind::Sliding)) {
+            return Err(format!("{p}: sliding layers need a positive sliding_window (got {sliding_window})"));
+        }
+        let mut deltanet = DeltaNetDims::default();
+        if layer_kinds.contains(&LayerKind::DeltaNet) {
+            deltanet = DeltaNetDims {
+                n_k_heads: int("linear_n_k_heads", 1, LIMIT_HEADS)?,
+                n_v_heads: int("linear_n_v_heads", 1, LIMIT_HEADS)?,
+                k_head_dim: int("linear_k_head_dim", 1, 4096)?,
+                v_head_dim: int("linear_v_head_dim", 1, 4096)?,
+                conv_kernel: int("linear_conv_kernel", 1, 64)?,
+            };
+            if deltanet.n_v_heads % deltanet.n_k_heads != 0 {
+                return Err(format!("{p}: linear_n_v_heads is not a multiple of linear_n_k_heads"));
+            }
+        }
+        let query_scale = opt_float("query_scale", 1.0 / (head_dim as f64).sqrt())? as f32;
+        Ok(Config {
+            arch: arch_name,
+            vocab_size,
+            hidden_size,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn_dim,
+            context_length,
+            norm_eps,
+            norm_unit_offset: opt_int("norm_unit_offset", 0)? != 0,
+            norm_sandwich: opt_int("norm_sandwich", 0)? != 0,
+            embed_scale: opt_float("embed_scale", 1.0)? as f32,
+            tie_embeddings: opt_int("tie_embeddings", 0)? != 0,
+            activation,
+            rope_style,
+            rope_dim,
+            inv_freq_global,
+            inv_freq_local,
+            layer_kinds,
+            layer_rope,
+            sliding_window: sliding_window as usize,
+            query_scale,
+            attn_softcap: opt_float("attn_softcap", 0.0)? as f32,
+            final_softcap: opt_float("final_softcap", 0.0)? as f32,
+            qk_norm: opt_int("qk_norm", 0)? != 0,
+            attn_output_gate: opt_int("attn_output_gate", 0)? != 0,
+            deltanet,
+        })
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+}
+
+/// inv_freq[i] = 1 / theta^(2i / d), computed as transformers does (f32 result).
+fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2).map(|i| (1.0 / theta.powf((2 * i) as f64 / dim as f64)) as f32).collect()
+}
+
+/// Llama 3.1 frequency scaling: long wavelengths divided by `factor`, short
+/// ones kept, a smooth blend between.
+fn llama3_scale(inv_freq: &mut [f32], factor: f64, low: f64, high: f64, original_context: f64) {
+    let low_wavelen = original_context / low;
+    let high_wavelen = original_context / high;
+    for f in inv_freq.iter_mut() {
+        let freq = *f as f64;
+        let wavelen = 2.0 * std::f64::consts::PI / freq;
+        *f = if wavelen < high_wavelen {
+            freq as f32
+        } else if wavelen > low_wavelen {
+            (freq / factor) as f32
+        } else {
+            let smooth = (original_context / wavelen - low) / (high - low);
+            ((1.0 - smooth) * freq / factor + smooth * freq) as f32
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_matches_the_piecewise_rule() {
+        // Values from Llama 3.1's config: factor 8, low 1, high 4, original 8192.
+        let mut inv = rope_inv_freq(500000.0, 128);
+        let orig = inv.clone();
+        llama3_scale(&mut inv, 8.0, 1.0, 4.0, 8192.0);
+        // highest frequency untouched, lowest divided by the factor
+        assert_eq!(inv[0], orig[0]);
+        assert!((inv[63] - orig[63] / 8.0).abs() <= 1e-12);
+        // in between: never above the original, never below original/factor
+        for (a, b) in inv.iter().zip(&orig) {
+            assert!(*a <= *b && *a >= *b / 8.0 * 0.999_999);
+        }
+    }
+}

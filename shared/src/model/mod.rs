@@ -1,0 +1,83 @@
+//! The transformer: hyperparameters and weights from an `.mlb` file, and one
+//! forward pass that every supported family runs through, driven by those
+//! hyperparameters (norm flavour, biases, q/k norms, RoPE kind, sliding
+//! windows, soft-caps, sandwich norms, activation, Gated DeltaNet layers).
+//!
+//! Files: `config` (hyperparameters), `weights` (loading and the matrices),
+//! `state` and `kvcache` (what a sequence keeps), `forward` (the pass, top
+//! to bottom), `attention`, `rope`, `deltanet` (the token mixers).
+
+use std::path::Path;
+use std::sync::Arc;
+
+mod attention;
+mod config;
+mod deltanet;
+mod forward;
+mod kvcache;
+mod rope;
+mod state;
+mod weights;
+
+pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle};
+pub use kvcache::KvType;
+pub use state::State;
+pub use weights::LoadOptions;
+
+use crate::format::mlb::Mlb;
+use weights::{Layer, Matrix};
+
+/// A loaded model: the mapped file, its configuration and tensor locations.
+pub struct Model {
+    pub file: Arc<Mlb>,
+    pub config: Config,
+    token_embd: Matrix,    // [V, D]
+    output_norm: Vec<f32>, // [D]
+    output: Matrix,        // [V, D] (token_embd when tied)
+    layers: Vec<Layer>,
+}
+
+/// Which positions of a forward call need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    None,
+    Last,
+    All,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model, String> {
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<Model, String> {
+        let file = Arc::new(Mlb::open(path)?);
+        Self::from_mlb(file, options)
+    }
+
+    /// Bytes of weights one decoded token reads: every matrix of every
+    /// layer and the output head (the embedding contributes one row).
+    pub fn decode_bytes_per_token(&self) -> u64 {
+        let mut total = self.output.len as u64 + (self.token_embd.len / self.token_embd.rows) as u64;
+        for layer in &self.layers {
+            total += layer.matrices().iter().map(|m| m.len as u64).sum::<u64>();
+        }
+        total
+    }
+
+    /// Bytes of memory holding repacked copies of weight rows (`LoadOptions::repack`).
+    pub fn repacked_bytes(&self) -> usize {
+        let packed = |m: &Matrix| m.packed.as_ref().map_or(0, |p| p.bytes());
+        let tied = match (&self.token_embd.packed, &self.output.packed) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        let head = packed(&self.token_embd) + if tied { 0 } else { packed(&self.output) };
+        head + self.layers.iter().flat_map(|l| l.matrices()).map(packed).sum::<usize>()
+    }
+
+    /// Number of weights (parameters) in the file.
+    pub fn n_params(&self) -> u64 {
+        self.file.tensors.iter().map(|t| t.n_elements()).sum()
+    }
+}

@@ -1,0 +1,55 @@
+//! Rotary position embeddings: the cos/sin tables of one forward call's
+//! positions, and their application to the heads of queries and keys.
+
+use super::config::{Config, RopeStyle};
+
+/// cos/sin of position × inverse frequency for the positions of one call.
+pub(super) struct RopeTables {
+    pub(super) style: RopeStyle,
+    pub(super) rope_dim: usize,
+    pub(super) global: Vec<(f32, f32)>, // [T][rope_dim/2]
+    pub(super) local: Vec<(f32, f32)>,
+}
+
+impl RopeTables {
+    pub(super) fn new(c: &Config, pos0: usize, n_tok: usize) -> Self {
+        let table = |inv: &[f32]| -> Vec<(f32, f32)> {
+            let mut t = Vec::with_capacity(n_tok * inv.len());
+            for p in pos0..pos0 + n_tok {
+                for &f in inv {
+                    // Angle in f32 as transformers computes it; cos/sin rounded from f64.
+                    let angle = (p as f32 * f) as f64;
+                    t.push((angle.cos() as f32, angle.sin() as f32));
+                }
+            }
+            t
+        };
+        RopeTables {
+            style: c.rope_style,
+            rope_dim: c.rope_dim,
+            global: table(&c.inv_freq_global),
+            local: table(&c.inv_freq_local),
+        }
+    }
+
+    /// Rotates the first rope_dim dims of every head of every row of x ([T][heads·hd]).
+    pub(super) fn apply(&self, table: &[(f32, f32)], x: &mut [f32], hd: usize) {
+        let half = self.rope_dim / 2;
+        let n_tok = table.len() / half;
+        let row_len = x.len() / n_tok;
+        for (t, row) in x.chunks_exact_mut(row_len).enumerate() {
+            let cs = &table[t * half..(t + 1) * half];
+            for head in row.chunks_exact_mut(hd) {
+                for (i, &(cos, sin)) in cs.iter().enumerate() {
+                    let (a, b) = match self.style {
+                        RopeStyle::Half => (i, i + half),
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x1 * cos + x0 * sin;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! A model's weights: where each matrix lies in the mapped file, the
+//! eight-row interleaved copies the kernels read when the build has them,
+//! and the small vectors (norms, biases) copied out at load time, checked
+//! against the configuration.
+
+use std::sync::Arc;
+
+use half::f16;
+
+use super::config::{Config, LayerKind};
+use super::Model;
+use crate::format::mlb::{Mlb, TensorInfo, TensorType};
+use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
+use crate::quant::{
+    repack_q4_x8, repack_q8_x8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
+};
+
+/// A weight matrix located in the mapped file, and its rows again in the
+/// eight-row interleaved layout when the build's kernels use it.
+#[derive(Clone, Debug)]
+pub(super) struct Matrix {
+    pub(super) ttype: TensorType,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) packed: Option<Arc<PackedRows>>,
+}
+
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix copied into the
+/// interleaved layout of `kernels::rows8` (memory: the same bytes again).
+#[derive(Debug)]
+pub(super) enum PackedRows {
+    Q8(Vec<BlockQ8_0x8>),
+    Q4(Vec<BlockQ4_0x8>),
+}
+
+impl PackedRows {
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            PackedRows::Q8(v) => std::mem::size_of_val(&v[..]),
+            PackedRows::Q4(v) => std::mem::size_of_val(&v[..]),
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Copy Q8_0 / Q4_0 matrices into the eight-row interleaved layout when
+    /// this build has kernels for it (faster; costs their size in memory).
+    pub repack: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { repack: true }
+    }
+}
+
+/// Weights of one transformer block.
+pub(super) struct Layer {
+    pub(super) attn_norm: Vec<f32>, // [D]
+    pub(super) mixer: Mixer,
+    pub(super) attn_post_norm: Option<Vec<f32>>, // [D]
+    pub(super) ffn_norm: Vec<f32>,               // [D]
+    pub(super) ffn_gate: Matrix,                 // [F, D]
+    pub(super) ffn_up: Matrix,                   // [F, D]
+    pub(super) ffn_down: Matrix,                 // [D, F]
+    pub(super) ffn_post_norm: Option<Vec<f32>>,  // [D]
+}
+
+impl Layer {
+    /// The layer's weight matrices: the mixer's, then the feed-forward's.
+    pub(super) fn matrices(&self) -> Vec<&Matrix> {
+        let mut mats = match &self.mixer {
+            Mixer::Attention(w) => vec![&w.q, &w.k, &w.v, &w.o],
+            Mixer::DeltaNet(w) => vec![&w.qkv, &w.z, &w.b, &w.a, &w.out],
+        };
+        mats.extend([&self.ffn_gate, &self.ffn_up, &self.ffn_down]);
+        mats
+    }
+}
+
+/// The token-mixing half of a block.
+pub(super) enum Mixer {
+    Attention(AttentionWeights),
+    DeltaNet(DeltaNetWeights),
+}
+
+pub(super) struct AttentionWeights {
+    pub(super) q: Matrix,                // [H·hd, D]; [H·2·hd, D] with the output gate
+    pub(super) k: Matrix,                // [Hkv·hd, D]
+    pub(super) v: Matrix,                // [Hkv·hd, D]
+    pub(super) o: Matrix,                // [D, H·hd]
+    pub(super) q_bias: Option<Vec<f32>>, // [rows of q]
+    pub(super) k_bias: Option<Vec<f32>>, // [Hkv·hd]
+    pub(super) v_bias: Option<Vec<f32>>, // [Hkv·hd]
+    pub(super) q_norm: Option<Vec<f32>>, // [hd]
+    pub(super) k_norm: Option<Vec<f32>>, // [hd]
+}
+
+pub(super) struct DeltaNetWeights {
+    pub(super) qkv: Matrix,       // [C, D], C = 2·nk·dk + nv·dv
+    pub(super) z: Matrix,         // [nv·dv, D]
+    pub(super) b: Matrix,         // [nv, D]
+    pub(super) a: Matrix,         // [nv, D]
+    pub(super) conv: Vec<f32>,    // [C, K]
+    pub(super) a_log: Vec<f32>,   // [nv]
+    pub(super) dt_bias: Vec<f32>, // [nv]
+    pub(super) norm: Vec<f32>,    // [dv]
+    pub(super) out: Matrix,       // [D, nv·dv]
+}
+
+impl Model {
+    pub fn from_mlb(file: Arc<Mlb>, options: LoadOptions) -> Result<Model, String> {
+        let config = Config::from_mlb(&file)?;
+        let c = &config;
+        let (d, f, v, hd) = (c.hidden_size, c.ffn_dim, c.vocab_size, c.head_dim);
+        let q_rows = c.q_dim() * if c.attn_output_gate { 2 } else { 1 };
+        let loader = Loader { file: &file, repack: options.repack && Arch::ROWS8 };
+        let token_embd = loader.matrix("token_embd", v, d)?;
+        let output = if c.tie_embeddings { token_embd.clone() } else { loader.matrix("output", v, d)? };
+        let output_norm = loader.vector("output_norm", d, c.norm_unit_offset)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let opt_vec = |s: &str, n: usize, offset: bool| -> Result<Option<Vec<f32>>, String> {
+                if file.tensor(&name(s)).is_some() {
+                    loader.vector(&name(s), n, offset).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let need_vec = |s: &str, n: usize, offset: bool| loader.vector(&name(s), n, offset);
+            let sandwich = |s: &str| -> Result<Option<Vec<f32>>, String> {
+                if c.norm_sandwich {
+                    need_vec(s, d, c.norm_unit_offset).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let qk = |s: &str| -> Result<Option<Vec<f32>>, String> {
+                if c.qk_norm {
+                    need_vec(s, hd, c.norm_unit_offset).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let mixer = match c.layer_kinds[i] {
+                LayerKind::Full | LayerKind::Sliding => Mixer::Attention(AttentionWeights {
+                    q: loader.matrix(&name("attn_q"), q_rows, d)?,
+                    k: loader.matrix(&name("attn_k"), c.kv_dim(), d)?,
+                    v: loader.matrix(&name("attn_v"), c.kv_dim(), d)?,
+                    o: loader.matrix(&name("attn_o"), d, c.q_dim())?,
+                    q_bias: opt_vec("attn_q_bias", q_rows, false)?,
+                    k_bias: opt_vec("attn_k_bias", c.kv_dim(), false)?,
+                    v_bias: opt_vec("attn_v_bias", c.kv_dim(), false)?,
+                    q_norm: qk("attn_q_norm")?,
+                    k_norm: qk("attn_k_norm")?,
+                }),
+                LayerKind::DeltaNet => {
+                    let dn = c.deltanet;
+                    let (conv_dim, nv) = (dn.conv_dim(), dn.n_v_heads);
+                    Mixer::DeltaNet(DeltaNetWeights {
+                        qkv: loader.matrix(&name("ssm_qkv"), conv_dim, d)?,
+                        z: loader.matrix(&name("ssm_z"), dn.value_dim(), d)?,
+                        b: loader.matrix(&name("ssm_b"), nv, d)?,
+                        a: loader.matrix(&name("ssm_a"), nv, d)?,
+                        conv: loader.table(&name("ssm_conv"), conv_dim, dn.conv_kernel)?,
+                        a_log: need_vec("ssm_a_log", nv, false)?,
+                        dt_bias: need_vec("ssm_dt_bias", nv, false)?,
+                        norm: need_vec("ssm_norm", dn.v_head_dim, false)?,
+                        out: loader.matrix(&name("ssm_out"), d, dn.value_dim())?,
+                    })
+                }
+            };
+            layers.push(Layer {
+                attn_norm: need_vec("attn_norm", d, c.norm_unit_offset)?,
+                mixer,
+                attn_post_norm: sandwich("attn_post_norm")?,
+                ffn_norm: need_vec("ffn_norm", d, c.norm_unit_offset)?,
+                ffn_gate: loader.matrix(&name("ffn_gate"), f, d)?,
+                ffn_up: loader.matrix(&name("ffn_up"), f, d)?,
+                ffn_down: loader.matrix(&name("ffn_down"), d, f)?,
+                ffn_post_norm: sandwich("ffn_post_norm")?,
+            });
+        }
+        Ok(Model { file, config, token_embd, output_norm, output, layers })
+    }
+
+    /// Borrow a stored matrix in its type. Alignment and size were checked at load.
+    pub(super) fn mat<'a>(&'a self, m: &'a Matrix) -> MatRef<'a> {
+        let bytes = &self.file.bytes()[m.start..m.start + m.len];
+        let data = match m.ttype {
+            TensorType::F32 => WeightData::F32(cast::<f32>(bytes)),
+            TensorType::F16 => WeightData::F16(cast::<f16>(bytes)),
+            TensorType::Q8_0 => WeightData::Q8_0(cast::<BlockQ8_0>(bytes)),
+            TensorType::Q4_0 => WeightData::Q4_0(cast::<BlockQ4_0>(bytes)),
+            TensorType::Q8_0F32 => WeightData::Q8_0F32(cast::<BlockQ8_0F32>(bytes)),
+            TensorType::Q4_0F32 => WeightData::Q4_0F32(cast::<BlockQ4_0F32>(bytes)),
+        };
+        let packed = match m.packed.as_deref() {
+            Some(PackedRows::Q8(p)) => Packed::Q8(p),
+            Some(PackedRows::Q4(p)) => Packed::Q4(p),
+            None => Packed::None,
+        };
+        MatRef { rows: m.rows, cols: m.cols, data, packed }
+    }
+}
+
+/// Validated file bytes as a slice of `T` (f32, f16 or a `#[repr(C)]`
+/// block: `Pod`, so every bit pattern is a valid value). The loader checked
+/// the alignment and the length; `cast_slice` checks them again.
+fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
+    bytemuck::cast_slice(bytes)
+}
+
+/// Checks tensors against the configuration while loading.
+struct Loader<'a> {
+    file: &'a Mlb,
+    /// Repack Q8_0 / Q4_0 matrices for `kernels::rows8`.
+    repack: bool,
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str) -> Result<&TensorInfo, String> {
+        self.file.tensor(name).ok_or_else(|| format!("{}: missing tensor '{name}'", self.file.path))
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, String> {
+        let t = self.info(name)?;
+        if t.dims != [rows as u64, cols as u64] {
+            return Err(format!(
+                "{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]",
+                self.file.path, t.dims
+            ));
+        }
+        let align = match t.ttype {
+            TensorType::F32 | TensorType::Q8_0F32 | TensorType::Q4_0F32 => 4,
+            _ => 2,
+        };
+        if self.file.tensor_bytes(t).as_ptr().align_offset(align) != 0 {
+            return Err(format!("{}: tensor '{name}' is misaligned", self.file.path));
+        }
+        let mut m = Matrix { ttype: t.ttype, rows, cols, start: t.start, len: t.len, packed: None };
+        if self.repack && rows >= ROWS8 {
+            let bytes = self.file.tensor_bytes(t);
+            let what = format!("{}: tensor '{name}'", self.file.path);
+            m.packed = match t.ttype {
+                TensorType::Q8_0 => {
+                    Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?))
+                }
+                TensorType::Q4_0 => Some(PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?)),
+                _ => None,
+            }
+            .map(Arc::new);
+        }
+        Ok(m)
+    }
+
+    /// A small 2-D f32/f16 tensor [rows, cols] copied out (convolution weights).
+    fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+        let t = self.info(name)?;
+        if t.dims != [rows as u64, cols as u64] {
+            return Err(format!(
+                "{}: tensor '{name}' has shape {:?}, expected [{rows}, {cols}]",
+                self.file.path, t.dims
+            ));
+        }
+        self.floats(name, t)
+    }
+
+    fn floats(&self, name: &str, t: &TensorInfo) -> Result<Vec<f32>, String> {
+        let bytes = self.file.tensor_bytes(t);
+        match t.ttype {
+            TensorType::F32 => Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
+            TensorType::F16 => {
+                Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect())
+            }
+            other => Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name())),
+        }
+    }
+
+    /// A 1-D f32/f16 tensor copied out, plus `1` per element for (1 + w) norms.
+    fn vector(&self, name: &str, n: usize, unit_offset: bool) -> Result<Vec<f32>, String> {
+        let t = self.info(name)?;
+        if t.dims != [n as u64] {
+            return Err(format!("{}: tensor '{name}' has shape {:?}, expected [{n}]", self.file.path, t.dims));
+        }
+        let mut out = self.floats(name, t)?;
+        if unit_offset {
+            out.iter_mut().for_each(|v| *v += 1.0);
+        }
+        Ok(out)
+    }
+}
