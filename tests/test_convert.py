@@ -153,27 +153,27 @@ def test_unknown_architecture(tmp_path):
     assert "gpt_neox" in line and "unsupported architecture" in line
 
 
-def test_missing_tensor(tmp_path):
+def _without_tensor(tmp_path, name):
+    """A copy of the tiny llama2 checkpoint (config.json, model.safetensors) without tensor `name`."""
     from safetensors.numpy import load_file, save_file
     src = tmp_path / "m"
     src.mkdir()
     shutil.copy(TINY / "llama2" / "config.json", src / "config.json")
     t = load_file(str(TINY / "llama2" / "model.safetensors"))
-    del t["model.layers.2.mlp.up_proj.weight"]
+    del t[name]
     save_file(t, str(src / "model.safetensors"))
+    return src
+
+
+def test_missing_tensor(tmp_path):
+    src = _without_tensor(tmp_path, "model.layers.2.mlp.up_proj.weight")
     out = tmp_path / "o.mlb"
     line = _assert_clean_failure(run_tool("convert.py", src, "-o", out, "--type", "q4_0", check=False), out)
     assert "model.layers.2.mlp.up_proj.weight" in line
 
 
 def test_missing_lm_head_untied(tmp_path):
-    from safetensors.numpy import load_file, save_file
-    src = tmp_path / "m"
-    src.mkdir()
-    shutil.copy(TINY / "llama2" / "config.json", src / "config.json")
-    t = load_file(str(TINY / "llama2" / "model.safetensors"))
-    del t["lm_head.weight"]
-    save_file(t, str(src / "model.safetensors"))
+    src = _without_tensor(tmp_path, "lm_head.weight")
     out = tmp_path / "o.mlb"
     line = _assert_clean_failure(run_tool("convert.py", src, "-o", out, check=False), out)
     assert "lm_head.weight" in line
