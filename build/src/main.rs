@@ -16,6 +16,9 @@
 //!   cargo xtask release PLATFORM      dist/krafla-<version>-PLATFORM.tar.gz (linux) or .zip
 //!                                     (windows): ml_run, ml_server, every ml_<isa>, README.md,
 //!                                     LICENSE, SHA256SUMS; executables stripped and checked static
+//!   cargo xtask lint                  cargo fmt --check, then clippy with warnings denied for the
+//!                                     host build and every variant of every Linux platform whose
+//!                                     Rust target is installed (each with its target features)
 //!   cargo xtask check-static FILE...  each FILE a static (no PT_INTERP/DT_NEEDED; Windows:
 //!                                     system DLLs only), stripped executable
 //!   cargo xtask kernel-tests [--isa NAME]
@@ -249,6 +252,7 @@ fn selected(all: &'static [Variant], isa: Option<&str>) -> Result<Vec<&'static V
 
 /// cargo for one variant: its target features (static C runtime), its own
 /// target dir (shared by every target triple of that variant).
+#[cfg(target_arch = "x86_64")]
 fn variant_cargo(v: &Variant, subcommand: &str) -> Command {
     variant_cargo_for(v, subcommand, PLATFORMS[0].triple)
 }
@@ -326,12 +330,8 @@ fn probe(program: &str, arg: &str) -> bool {
 /// The cross toolchain for a platform (Rust target, C linker, strip), or the
 /// exact commands that install it.
 fn cross_toolchain(p: &Platform) -> Result<(), String> {
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
-    let sysroot =
-        Command::new(&rustc).args(["--print", "sysroot"]).output().map_err(|e| format!("cannot run {rustc}: {e}"))?;
-    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
     let mut missing = Vec::new();
-    if !sysroot.join("lib/rustlib").join(p.triple).join("lib").is_dir() {
+    if !rust_target_installed(p.triple)? {
         missing.push(format!("the Rust target: rustup target add {}", p.triple));
     }
     let linker = p.linker.unwrap_or(if p.zip { "x86_64-w64-mingw32-gcc" } else { "cc" });
@@ -450,6 +450,37 @@ fn release(platform_name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `cargo xtask lint`: formatting, then clippy (warnings denied; the
+/// workspace's lint table denies undocumented unsafe blocks) on the host
+/// build and on every variant with its own target features, so that every
+/// kernel module is linted in the build that compiles it.
+fn lint() -> Result<(), String> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    let clippy_args = ["--all-targets", "--", "-D", "warnings"];
+    run(cargo().args(["clippy", "--release", "--workspace"]).args(clippy_args))?;
+    // The variants: every package but xtask, a host tool.
+    let packages = ["-p", "krafla", "-p", "krafla-variant", "-p", "krafla-launcher"];
+    for p in PLATFORMS.iter().filter(|p| !p.zip) {
+        if p.triple != PLATFORMS[0].triple && !rust_target_installed(p.triple)? {
+            eprintln!("xtask: lint: NOT linting the {} variants: rustup target add {}", p.name, p.triple);
+            continue;
+        }
+        for v in p.variants {
+            run(variant_cargo_for(v, "clippy", p.triple).args(packages).args(clippy_args))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether rustup installed the standard library of `triple`.
+fn rust_target_installed(triple: &str) -> Result<bool, String> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let sysroot =
+        Command::new(&rustc).args(["--print", "sysroot"]).output().map_err(|e| format!("cannot run {rustc}: {e}"))?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    Ok(sysroot.join("lib/rustlib").join(triple).join("lib").is_dir())
+}
+
 /// `cargo xtask check-static FILE...`
 fn check_static(files: &[String]) -> Result<(), String> {
     if files.is_empty() {
@@ -500,9 +531,10 @@ fn main() {
             _ => Err(format!("usage: cargo xtask release {}", platform_names())),
         },
         Some("check-static") => check_static(&args[1..]),
+        Some("lint") => lint(),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
         _ => Err("usage: cargo xtask quickstart [PROMPT] | models [DIR] | test | dist PLATFORM [--isa NAME] \
-                  | release PLATFORM | check-static FILE... | kernel-tests [--isa NAME]"
+                  | release PLATFORM | lint | check-static FILE... | kernel-tests [--isa NAME]"
             .to_string()),
     };
     if let Err(e) = result {

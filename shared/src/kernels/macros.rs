@@ -4,13 +4,23 @@
 //! functions so that everything is inlined into the target-feature code
 //! that uses it.
 
-/// The `Kernels` methods named, each forwarding to the function of the same
-/// name in module `$m`, compiled with this build's target features
+/// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
+/// `int8_dots`, `int8_dots_x4`, `rows8`), each forwarding to the function of
+/// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
 #[allow(unused_macros)]
 macro_rules! entry_points {
-    ($m:ident: $($name:ident),* $(,)?) => { $( entry_points!(@one $m $name); )* };
+    ($m:ident: $($name:ident),* $(,)?) => { $( entry_points!(@group $m $name); )* };
+    // The groups of kernels an ISA module has or lacks together.
+    (@group $m:ident f32_ops) => {
+        entry_points!($m: dot_f32, dot_f16_f32, rmsnorm, softmax, axpy, silu_mul, gelu_tanh_mul, f16_to_f32, exp);
+    };
+    (@group $m:ident kv_rows) => { entry_points!($m: dot_f32_rows, axpy_rows); };
+    (@group $m:ident int8_dots) => { entry_points!($m: dot_q8, dot_q4); };
+    (@group $m:ident int8_dots_x4) => { entry_points!($m: dot_q8_x4, dot_q4_x4); };
+    (@group $m:ident rows8) => { entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4); };
+    (@group $m:ident $name:ident) => { entry_points!(@one $m $name); };
     (@one $m:ident dot_f32) => {
         #[inline]
         fn dot_f32(a: &[f32], b: &[f32]) -> f32 {

@@ -26,18 +26,8 @@ use crate::kernels::Kernels;
 pub struct Neon;
 
 impl Kernels for Neon {
-    entry_points!(
-        imp: dot_f32,
-        dot_f16_f32,
-        rmsnorm,
-        softmax,
-        axpy,
-        silu_mul,
-        gelu_tanh_mul,
-        f16_to_f32,
-        exp
-    );
-    entry_points!(imp: dot_q8, dot_q4);
+    entry_points!(imp: f32_ops);
+    entry_points!(imp: int8_dots);
 }
 
 pub mod imp {
@@ -217,21 +207,25 @@ pub mod imp {
             combine8(lanes)
         }
 
-        /// `dot_q8` with `blk(w, x)` giving one block's products summed in four i32 lanes.
+        /// Σ_b (d_w·d_x)·(Σ w·x) over `n` blocks (`sum_blocks`), `wq(b)` giving
+        /// weight block b as signed bytes (two 16-byte halves) and `blk(w, x)`
+        /// one block's products summed in four i32 lanes.
         #[inline]
-        pub(crate) fn dot_q8_with<B: Q8Block>(
-            w: &[B],
+        fn dot_blocks(
+            n: usize,
             x: ActRef,
+            f16: bool,
+            bits: impl Fn(usize) -> u32,
+            wq: impl Fn(usize) -> [int8x16_t; 2],
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
         ) -> f32 {
-            let n = w.len().min(x.len());
             let xb = x.blocks();
-            let one = |b: usize| blk(q8_halves(w[b].quants()), q8_halves(&xb[b].qs));
+            let one = |b: usize| blk(wq(b), q8_halves(&xb[b].qs));
             sum_blocks(
                 n,
                 x,
-                B::F16_SCALE,
-                |b| w[b].scale_bits(),
+                f16,
+                bits,
                 |i| {
                     [
                         reduce4([one(i), one(i + 1), one(i + 2), one(i + 3)]),
@@ -242,6 +236,17 @@ pub mod imp {
             )
         }
 
+        /// `dot_q8` with `blk(w, x)` giving one block's products summed in four i32 lanes.
+        #[inline]
+        pub(crate) fn dot_q8_with<B: Q8Block>(
+            w: &[B],
+            x: ActRef,
+            blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
+        ) -> f32 {
+            let n = w.len().min(x.len());
+            dot_blocks(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b| q8_halves(w[b].quants()), blk)
+        }
+
         /// `dot_q4` with `blk(w, x)` as in `dot_q8_with` (weights as `nibble − 8`).
         #[inline]
         pub(crate) fn dot_q4_with<B: Q4Block>(
@@ -250,21 +255,7 @@ pub mod imp {
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
         ) -> f32 {
             let n = w.len().min(x.len());
-            let xb = x.blocks();
-            let one = |b: usize| blk(q4_halves(w[b].nibbles()), q8_halves(&xb[b].qs));
-            sum_blocks(
-                n,
-                x,
-                B::F16_SCALE,
-                |b| w[b].scale_bits(),
-                |i| {
-                    [
-                        reduce4([one(i), one(i + 1), one(i + 2), one(i + 3)]),
-                        reduce4([one(i + 4), one(i + 5), one(i + 6), one(i + 7)]),
-                    ]
-                },
-                |b| vaddvq_s32(one(b)),
-            )
+            dot_blocks(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b| q4_halves(w[b].nibbles()), blk)
         }
 
         /// Q8 weights · Q8 activations: exact per-block integer sums (`smull` +

@@ -22,18 +22,8 @@ use crate::kernels::Kernels;
 pub struct Sve;
 
 impl Kernels for Sve {
-    entry_points!(
-        neon_imp: dot_f32,
-        dot_f16_f32,
-        rmsnorm,
-        softmax,
-        axpy,
-        silu_mul,
-        gelu_tanh_mul,
-        f16_to_f32,
-        exp
-    );
-    entry_points!(imp: dot_q8, dot_q4);
+    entry_points!(neon_imp: f32_ops);
+    entry_points!(imp: int8_dots);
 }
 
 pub mod imp {

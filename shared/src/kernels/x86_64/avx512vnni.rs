@@ -21,20 +21,8 @@ pub struct Avx512Vnni;
 impl Kernels for Avx512Vnni {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
-    entry_points!(
-        avx2_float: dot_f32,
-        dot_f16_f32,
-        rmsnorm,
-        softmax,
-        axpy,
-        silu_mul,
-        gelu_tanh_mul,
-        f16_to_f32,
-        exp,
-        dot_f32_rows,
-        axpy_rows
-    );
-    entry_points!(self: dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    entry_points!(avx2_float: f32_ops, kv_rows);
+    entry_points!(self: int8_dots, int8_dots_x4, rows8);
 }
 
 isa_features!(

@@ -16,20 +16,8 @@ pub struct Sse41;
 impl Kernels for Sse41 {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = sse2_int8::Q8_X8_BIAS;
-    entry_points!(
-        sse2_float: dot_f32,
-        dot_f16_f32,
-        rmsnorm,
-        softmax,
-        axpy,
-        silu_mul,
-        gelu_tanh_mul,
-        f16_to_f32,
-        exp,
-        dot_f32_rows,
-        axpy_rows
-    );
-    entry_points!(self: dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    entry_points!(sse2_float: f32_ops, kv_rows);
+    entry_points!(self: int8_dots, int8_dots_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
     // Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
     // measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
     // sign(q, w) through `pmaddubsw`, which needs a `pmaddwd` per group anyway;

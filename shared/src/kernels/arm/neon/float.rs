@@ -145,7 +145,7 @@ enum Op {
 /// `out` may equal `a`.
 unsafe fn map_raw(op: Op, a: *const f32, b: *const f32, out: *mut f32, n4: usize) {
     debug_assert!(n4 > 0);
-    // SAFETY (every arm): the loop reads 4·n4 f32 from `a` and `b` and
+    // SAFETY: (every arm) the loop reads 4·n4 f32 from `a` and `b` and
     // writes 4·n4 to `out` (valid by this function's contract), reads the
     // 16 f32 of `EXP_CONSTS`, and touches only the NEON registers it
     // declares clobbered and the flags; no stack. NEON is required by this

@@ -30,20 +30,8 @@ pub struct Sse2;
 impl Kernels for Sse2 {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
-    entry_points!(
-        float: dot_f32,
-        dot_f16_f32,
-        rmsnorm,
-        softmax,
-        axpy,
-        silu_mul,
-        gelu_tanh_mul,
-        f16_to_f32,
-        exp,
-        dot_f32_rows,
-        axpy_rows
-    );
-    entry_points!(int8: dot_q8, dot_q4, dot_q8_x4, dot_q4_x4, dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    entry_points!(float: f32_ops, kv_rows);
+    entry_points!(int8: int8_dots, int8_dots_x4, rows8);
 }
 
 isa_features!(
