@@ -160,23 +160,29 @@ def smollm2_gguf():
     return models.smollm2_gguf()
 
 
-@pytest.fixture(scope="session")
-def smol(tmp_path_factory, smollm2_gguf):
-    """kind -> SmolLM2 converted from the GGUF: 'f32', 'q8_0', 'q4_0', ... (.mlb) or 'mlt' (tokenizer).
-
-    Converted once per test session, on first use."""
-    root = tmp_path_factory.mktemp("smollm2")
+def converter(root, name, gguf, tokenizer_source):
+    """get(kind) -> the model `gguf` converted into directory `root`: 'f32', 'q8_0', 'q4_0', ...
+    (root/<name>-<kind>.mlb, by convert.py) or 'mlt' (root/<name>.mlt, the tokenizer, by
+    convert_tokenizer.py from `tokenizer_source`). Each kind is converted once, on first use."""
     cache = {}
 
     def get(kind):
         if kind not in cache:
             if kind == "mlt":
-                out = root / "smollm2.mlt"
-                run_tool("convert_tokenizer.py", smollm2_gguf, "-o", out)
+                out = root / f"{name}.mlt"
+                run_tool("convert_tokenizer.py", tokenizer_source, "-o", out)
             else:
-                out = root / f"smollm2-{kind}.mlb"
-                run_tool("convert.py", smollm2_gguf, "-o", out, "--type", kind)
+                out = root / f"{name}-{kind}.mlb"
+                run_tool("convert.py", gguf, "-o", out, "--type", kind)
             cache[kind] = out
         return cache[kind]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory, smollm2_gguf):
+    """kind -> SmolLM2 converted from the GGUF: 'f32', 'q8_0', 'q4_0', ... (.mlb) or 'mlt' (tokenizer).
+
+    Converted once per test session, on first use."""
+    return converter(tmp_path_factory.mktemp("smollm2"), "smollm2", smollm2_gguf, smollm2_gguf)

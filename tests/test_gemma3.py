@@ -4,28 +4,16 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_ml, run_tool
+from conftest import FIXTURES, converter, run_ml
 
 REAL = json.loads((FIXTURES / "real" / "gemma3-270m.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory, gemma3_gguf):
-    root = tmp_path_factory.mktemp("gemma3")
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            if kind == "mlt":
-                out = root / "gemma3.mlt"
-                run_tool("convert_tokenizer.py", FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json", "-o", out)
-            else:
-                out = root / f"gemma3-{kind}.mlb"
-                run_tool("convert.py", gemma3_gguf, "-o", out, "--type", kind)
-            cache[kind] = out
-        return cache[kind]
-
-    return get
+    """kind -> Gemma 3 converted from the GGUF (.mlb), or 'mlt' (the tokenizer, from its tokenizer.json)."""
+    return converter(tmp_path_factory.mktemp("gemma3"), "gemma3", gemma3_gguf,
+                     FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json")
 
 
 def logits(mlb, ids, tmp_path):
