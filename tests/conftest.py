@@ -140,6 +140,21 @@ def tiny_llama2(tmp_path_factory):
     return models
 
 
+@pytest.fixture
+def tiny_logits_match_native(native, tiny_llama2, tmp_path):
+    """check(cmd, label): `cmd` (e.g. [qemu, "-cpu", cpu, exe]) writes the native build's exact
+    logits bytes and ids for every tiny llama2 quant type; `label` names it in file names and messages."""
+
+    def check(cmd, label):
+        for qtype, mlb in tiny_llama2.items():
+            want, want_ids = logits_bytes([native], mlb, tmp_path / f"native-{qtype}.f32", "1,2,3", 0)
+            got, got_ids = logits_bytes(cmd, mlb, tmp_path / f"{label}-{qtype}.f32", "1,2,3", 0)
+            assert got == want, f"{label} {qtype}: logits differ from the native x86-64 build's"
+            assert got_ids == want_ids
+
+    return check
+
+
 def run_tool(script, *args, check=True, timeout=1800):
     cmd = [sys.executable, str(TOOLS / script), *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

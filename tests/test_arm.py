@@ -110,14 +110,9 @@ def test_guard_on_emulated_cpu(builds, cpu, name):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_tiny_logits_are_byte_identical_to_native_x86(builds, native, tiny_llama2, name, tmp_path):
+def test_tiny_logits_are_byte_identical_to_native_x86(builds, tiny_logits_match_native, name):
     _, exe = builds[name]
-    cpu = VARIANTS[name][1]
-    for qtype, mlb in tiny_llama2.items():
-        want, want_ids = logits_bytes([native], mlb, tmp_path / f"native-{qtype}.f32", "1,2,3", 0)
-        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}-{qtype}.f32", "1,2,3", 0)
-        assert got == want, f"{name} {qtype}: logits differ from the native x86-64 build's"
-        assert got_ids == want_ids
+    tiny_logits_match_native([QEMU, "-cpu", VARIANTS[name][1], exe], name)
 
 
 def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, tmp_path):
