@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,6 +37,38 @@ def run_ml(*args, check=True, timeout=600, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}\nstderr:\n{p.stderr}")
     return p
+
+
+class ServerProcess:
+    """A server on a free loopback port (started with --port 0): `cmd` runs with its output in the
+    log `log_path` until the log names its address (host, port); `stop` ends it."""
+
+    def __init__(self, cmd, log_path, start_timeout, stop_timeout, **popen):
+        self.log_path = log_path
+        self.stop_timeout = stop_timeout
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen([str(a) for a in cmd], stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, **popen)
+        deadline = time.time() + start_timeout
+        while True:
+            m = re.search(r"listening on http://([\d.]+):(\d+)/v1", log_path.read_text())
+            if m:
+                break
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise AssertionError(f"server did not start:\n{log_path.read_text()}")
+            time.sleep(0.05)
+        self.host, self.port = m.group(1), int(m.group(2))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
 
 
 def unavailable(reason):

@@ -29,13 +29,12 @@ import re
 import shutil
 import subprocess
 import tarfile
-import time
 import tomllib
 import zipfile
 
 import pytest
 
-from conftest import REPO, unavailable
+from conftest import REPO, ServerProcess, unavailable
 
 VERSION = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
 ISAS = ["avx512vnni", "avx2", "sse41", "sse2"]
@@ -131,24 +130,11 @@ def clean_env(**extra):
     return env
 
 
-class Server:
+class Server(ServerProcess):
     """ml_server from an archive on a free loopback port (--port 0, address read from its log)."""
 
     def __init__(self, cmd, log_path, env, cwd):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=cwd)
-        deadline = time.time() + 120
-        while True:
-            m = re.search(r"listening on http://([\d.]+):(\d+)/v1", log_path.read_text())
-            if m:
-                break
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise AssertionError(f"server did not start:\n{log_path.read_text()}")
-            time.sleep(0.05)
-        self.host, self.port = m.group(1), int(m.group(2))
+        super().__init__(cmd, log_path, start_timeout=120, stop_timeout=20, env=env, cwd=cwd)
 
     def chat(self, question):
         c = http.client.HTTPConnection(self.host, self.port, timeout=120)
@@ -159,16 +145,6 @@ class Server:
         c.close()
         assert r.status == 200, data
         return json.loads(data)["choices"][0]["message"]["content"]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 # ---------------------------------------------------------------- Linux

@@ -15,7 +15,7 @@ import uuid
 import openai
 import pytest
 
-from conftest import ml_bin
+from conftest import ServerProcess, ml_bin
 
 KEY = "test-key-123"
 ALIAS = "smol"
@@ -29,28 +29,15 @@ def smol_files(smol):
     return smol("q4_0"), smol("mlt")
 
 
-class Server:
+class Server(ServerProcess):
     """A real server process on a free loopback port (--port 0, address read from its log)."""
 
     def __init__(self, tmp_path, files, *extra, key=KEY):
         self.key = key
-        self.log_path = tmp_path / f"server-{uuid.uuid4().hex[:8]}.log"
-        self.log = open(self.log_path, "w")
-        args = [str(ml_bin()), "--server", files[0], "-z", files[1], "--port", "0", "-t", "2", *extra]
+        args = [ml_bin(), "--server", files[0], "-z", files[1], "--port", "0", "-t", "2", *extra]
         if key:
             args += ["--api-key", key]
-        self.proc = subprocess.Popen([str(a) for a in args], stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while True:
-            m = re.search(r"listening on http://([\d.]+):(\d+)/v1", self.log_path.read_text())
-            if m:
-                break
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise AssertionError(f"server did not start:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-        self.host, self.port = m.group(1), int(m.group(2))
+        super().__init__(args, tmp_path / f"server-{uuid.uuid4().hex[:8]}.log", start_timeout=60, stop_timeout=10)
         self.base = f"http://{self.host}:{self.port}/v1"
 
     def client(self, key=None, **kw):
@@ -76,16 +63,6 @@ class Server:
 
     def log_text(self):
         return self.log_path.read_text()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
