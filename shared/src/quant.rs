@@ -48,7 +48,7 @@ pub struct BlockQ4_0F32 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0F32>() == 20);
 
-/// Rows per interleaved group of the eight-row kernels (`kernels::rows8`).
+/// Rows per interleaved group of the eight-row kernels (`Kernels::dot_q8_r8` ...).
 pub const ROWS8: usize = 8;
 
 /// Block b of eight consecutive Q8_0 rows, interleaved for the eight-row

@@ -26,7 +26,7 @@ pub enum WeightData<'a> {
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix again, in the eight-row
-/// interleaved layout (`rows8`): group g's block b at g·(cols/32) + b.
+/// interleaved layout (the eight-row kernels): group g's block b at g·(cols/32) + b.
 #[derive(Clone, Copy)]
 pub enum Packed<'a> {
     None,
@@ -63,7 +63,7 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    /// `row_dot` of row `r` with four input rows (`tokens4`).
+    /// `row_dot` of row `r` with four input rows (`dot_q8_x4`, `dot_q4_x4`).
     #[inline]
     fn row_dot4(&self, r: usize, x: [&[f32]; 4], xq: [ActRef; 4]) -> [f32; 4] {
         let b = self.cols / QK;

@@ -162,7 +162,7 @@ fn four_token_dots_equal_single_token_dots() {
     }
 }
 
-/// The eight-row kernels (`rows8`, this build's and `portable`'s) over
+/// The eight-row kernels (`dot_q8_r8` ..., this build's and `Portable`'s) over
 /// repacked rows against the single-row dots, bit for bit: every row of
 /// every group, one token and four, odd block counts, f16 scales that are
 /// subnormal, huge, zero or infinite, quants including −128.
@@ -207,7 +207,7 @@ fn eight_row_dots_equal_single_row_dots() {
     }
 }
 
-/// Attention's several-rows kernels (`kv_rows`) against the single-row
+/// Attention's several-rows kernels (`dot_f32_rows`, `axpy_rows`) against the single-row
 /// kernels, bit for bit: lengths that are not multiples of the vector
 /// width, row counts around the four-row step, a stride wider than a row.
 #[test]

@@ -28,7 +28,7 @@ pub(super) struct Matrix {
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix copied into the
-/// interleaved layout of `kernels::rows8` (memory: the same bytes again).
+/// interleaved layout of the eight-row kernels (`Kernels::dot_q8_r8` ...; memory: the same bytes again).
 #[derive(Debug)]
 pub(super) enum PackedRows {
     Q8(Vec<BlockQ8_0x8>),
@@ -219,7 +219,7 @@ fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
 /// Checks tensors against the configuration while loading.
 struct Loader<'a> {
     file: &'a Mlb,
-    /// Repack Q8_0 / Q4_0 matrices for `kernels::rows8`.
+    /// Repack Q8_0 / Q4_0 matrices for the eight-row kernels.
     repack: bool,
 }
 
