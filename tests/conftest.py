@@ -188,6 +188,35 @@ def tiny_logits_match_native(native, tiny_llama2, tmp_path):
     return check
 
 
+@pytest.fixture(scope="session")
+def families_q8(tmp_path_factory):
+    """family -> (every tiny HF fixture converted to q8_0 (.mlb), its reference prompt ids as "1,2,...")."""
+    out = tmp_path_factory.mktemp("families-q8")
+    families = {}
+    for src in sorted((FIXTURES / "hf-tiny").iterdir()):
+        if (src / "reference.json").exists():
+            mlb = out / f"{src.name}-q8_0.mlb"
+            run_tool("convert.py", src, "-o", mlb, "--type", "q8_0")
+            ids = json.loads((src / "reference.json").read_text())["input_ids"]
+            families[src.name] = (mlb, ",".join(map(str, ids)))
+    return families
+
+
+@pytest.fixture
+def families_match_native(native, families_q8, tmp_path):
+    """check(cmd, label): `cmd` gives the native build's exact logits bytes and greedy ids for every
+    fixture family (softcaps, sliding windows, Gated DeltaNet...: the forward pass's scalar math too)."""
+
+    def check(cmd, label):
+        for family, (mlb, ids) in families_q8.items():
+            want, want_ids = logits_bytes([native], mlb, tmp_path / f"native-{family}.f32", ids, 4)
+            got, got_ids = logits_bytes(cmd, mlb, tmp_path / f"{label}-{family}.f32", ids, 4)
+            assert got == want, f"{label} {family}: logits differ from the native x86-64 build's"
+            assert got_ids == want_ids, f"{label} {family}: greedy tokens differ"
+
+    return check
+
+
 def run_tool(script, *args, check=True, timeout=1800):
     cmd = [sys.executable, str(TOOLS / script), *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -13,8 +13,8 @@ features:
   main with one line naming the missing feature; a build that fits runs;
 * end to end, every variant's logits are byte-identical to the native x86-64
   build's (target/release/ml_variant): the tiny llama2 fixture as q4_0, q8_0
-  and f16, and SmolLM2-135M as q4_0 (rows long enough for the kernels'
-  eight-block steps);
+  and f16, SmolLM2-135M as q4_0 (rows long enough for the kernels'
+  eight-block steps), and (neon, sve) every fixture family as q8_0;
 * the launcher ml_run, itself emulated, picks the best build for each CPU
   model, and answers a SmolLM2 chat on a Cortex-A76 (Raspberry Pi 5) with
   the same greedy text as the x86-64 build. An emulated program cannot exec
@@ -113,6 +113,14 @@ def test_guard_on_emulated_cpu(builds, cpu, name):
 def test_tiny_logits_are_byte_identical_to_native_x86(builds, tiny_logits_match_native, name):
     _, exe = builds[name]
     tiny_logits_match_native([QEMU, "-cpu", VARIANTS[name][1], exe], name)
+
+
+@pytest.mark.parametrize("name", ["neon", "sve"])
+def test_every_family_is_byte_identical_to_native_x86(builds, families_match_native, name):
+    """Every fixture family in Q8_0 (Gemma 2's soft-caps, Qwen3.5's Gated DeltaNet, ...), so the
+    forward pass's scalar math (exp, tanh, log1p, RoPE's sin and cos) is checked as well as the kernels."""
+    _, exe = builds[name]
+    families_match_native([QEMU, "-cpu", VARIANTS[name][1], exe], name)
 
 
 def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, tmp_path):

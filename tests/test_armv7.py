@@ -89,6 +89,12 @@ def test_tiny_logits_are_byte_identical_to_native_x86(build, tiny_logits_match_n
     tiny_logits_match_native([QEMU, "-cpu", cpu, exe], cpu)
 
 
+def test_every_family_is_byte_identical_to_native_x86(build, families_match_native):
+    """Every fixture family in Q8_0: the forward pass's scalar math (VFP) as well as the NEON kernels."""
+    _, exe = build
+    families_match_native([QEMU, "-cpu", RUNS_ON[0], exe], "armv7")
+
+
 def test_smollm2_logits_are_byte_identical_to_native_x86(build, native, smol, tmp_path):
     """SmolLM2-135M (576 / 1536-wide rows), prompt and four generated tokens."""
     _, exe = build

@@ -59,7 +59,7 @@ impl Model {
         attention(c, &queries, &st.kv, st.slot[l], st.pos, window, &mut att);
         if c.attn_output_gate {
             for (a, g) in att.iter_mut().zip(&gates) {
-                *a *= 1.0 / (1.0 + (-*g).exp());
+                *a *= 1.0 / (1.0 + libm::expf(-*g));
             }
         }
         matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
@@ -113,7 +113,7 @@ fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, wind
         for s in scores.iter_mut() {
             *s *= c.query_scale;
             if c.attn_softcap > 0.0 {
-                *s = c.attn_softcap * (*s / c.attn_softcap).tanh();
+                *s = c.attn_softcap * libm::tanhf(*s / c.attn_softcap);
             }
         }
         Arch::softmax(&mut scores);

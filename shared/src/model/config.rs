@@ -246,7 +246,7 @@ impl Config {
 
 /// inv_freq[i] = 1 / theta^(2i / d), computed as transformers does (f32 result).
 fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
-    (0..dim / 2).map(|i| (1.0 / theta.powf((2 * i) as f64 / dim as f64)) as f32).collect()
+    (0..dim / 2).map(|i| (1.0 / libm::pow(theta, (2 * i) as f64 / dim as f64)) as f32).collect()
 }
 
 /// Llama 3.1 frequency scaling: long wavelengths divided by `factor`, short

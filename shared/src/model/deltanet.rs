@@ -43,7 +43,7 @@ impl Model {
                     acc += wrow[j] * conv_state[j * conv_dim + ch];
                 }
                 acc += wrow[hist] * m_t[ch];
-                *o = acc / (1.0 + (-acc).exp());
+                *o = acc / (1.0 + libm::expf(-acc));
             }
             if hist > 0 {
                 conv_state.copy_within(conv_dim.., 0);
@@ -61,15 +61,15 @@ impl Model {
                 let q: Vec<f32> = l2norm(&q_all[kh * dk..(kh + 1) * dk]).iter().map(|v| v * scale).collect();
                 let k = l2norm(&k_all[kh * dk..(kh + 1) * dk]);
                 let v = &v_all[j * dv..(j + 1) * dv];
-                let beta = 1.0 / (1.0 + (-b_t[j]).exp());
-                let g = -w.a_log[j].exp() * softplus(a_t[j] + w.dt_bias[j]);
-                delta_rule_step(s, &q, &k, v, g.exp(), beta, dk, dv, o);
+                let beta = 1.0 / (1.0 + libm::expf(-b_t[j]));
+                let g = -libm::expf(w.a_log[j]) * softplus(a_t[j] + w.dt_bias[j]);
+                delta_rule_step(s, &q, &k, v, libm::expf(g), beta, dk, dv, o);
                 // Gated RMSNorm: rmsnorm(o) · w · silu(z)
                 let mut normed = vec![0.0f32; dv];
                 Arch::rmsnorm(o, &w.norm, c.norm_eps, &mut normed);
                 for (e, ov) in o.iter_mut().enumerate() {
                     let zv = z_t[j * dv + e];
-                    *ov = normed[e] * (zv / (1.0 + (-zv).exp()));
+                    *ov = normed[e] * (zv / (1.0 + libm::expf(-zv)));
                 }
             });
         }
@@ -88,7 +88,7 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        libm::log1pf(libm::expf(x))
     }
 }
 

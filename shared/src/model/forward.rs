@@ -95,7 +95,7 @@ impl Model {
         matmul(&self.mat(&self.output), &Input::new(&normed, d), &mut logits);
         if c.final_softcap > 0.0 {
             let cap = c.final_softcap;
-            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+            logits.iter_mut().for_each(|v| *v = cap * libm::tanhf(*v / cap));
         }
         Ok(logits)
     }

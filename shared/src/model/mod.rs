@@ -3,6 +3,11 @@
 //! hyperparameters (norm flavour, biases, q/k norms, RoPE kind, sliding
 //! windows, soft-caps, sandwich norms, activation, Gated DeltaNet layers).
 //!
+//! Scalar transcendental functions (exp, tanh, log1p, the RoPE table's sin
+//! and cos) come from the `libm` crate, pure Rust, so that they give the
+//! same bits on every platform and CPU (the C library's do not: glibc picks
+//! FMA variants at run time on x86-64); the vector kernels have their own.
+//!
 //! Files: `config` (hyperparameters), `weights` (loading and the matrices),
 //! `state` and `kvcache` (what a sequence keeps), `forward` (the pass, top
 //! to bottom), `attention`, `rope`, `deltanet` (the token mixers).

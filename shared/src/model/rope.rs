@@ -19,7 +19,7 @@ impl RopeTables {
                 for &f in inv {
                     // Angle in f32 as transformers computes it; cos/sin rounded from f64.
                     let angle = (p as f32 * f) as f64;
-                    t.push((angle.cos() as f32, angle.sin() as f32));
+                    t.push((libm::cos(angle) as f32, libm::sin(angle) as f32));
                 }
             }
             t
