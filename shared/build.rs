@@ -12,7 +12,9 @@
 //!   kernel function the attribute `#[target_feature(enable = "...")]` with
 //!   the row's features (plus the architecture's baseline feature);
 //! * the build fails if the features the compiler enables and the row's
-//!   `cpu_features` (what the start-up guard and the launcher check) differ.
+//!   `cpu_features` (what the start-up guard and the launcher check), with
+//!   the target's own baseline (`target_baseline_cpu_features`: SSE3 on
+//!   x86-64 Windows), differ.
 //!
 //! 32-bit ARM is the exception: rustc keeps `neon` and `vfp4` unstable there
 //! and does not report them, so its one row is taken as given (its kernels
@@ -29,6 +31,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=../build/src/variants.rs");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let enabled: BTreeSet<String> = std::env::var("CARGO_CFG_TARGET_FEATURE")
         .unwrap_or_default()
         .split(',')
@@ -45,7 +48,7 @@ fn main() {
         .collect();
     println!("cargo:rustc-check-cfg=cfg(krafla_isa, values({}))", names.join(", "));
 
-    let (isa, attribute) = match choose(&arch, &enabled) {
+    let (isa, attribute) = match choose(&arch, &os, &enabled) {
         Ok(chosen) => chosen,
         Err(e) => panic!("shared/build.rs: {e}"),
     };
@@ -68,7 +71,7 @@ fn main() {
 
 /// (the variant's name, the feature list of its kernels' `#[target_feature]`
 /// attribute, None for none).
-fn choose(arch: &str, enabled: &BTreeSet<String>) -> Result<(&'static str, Option<String>), String> {
+fn choose(arch: &str, os: &str, enabled: &BTreeSet<String>) -> Result<(&'static str, Option<String>), String> {
     let variants = table::variants_for(arch);
     if arch == "arm" {
         return match variants {
@@ -83,7 +86,8 @@ fn choose(arch: &str, enabled: &BTreeSet<String>) -> Result<(&'static str, Optio
         return Ok(("portable", None));
     };
 
-    // The guard and the launcher check `cpu_features`: it must be exactly
+    // The guard checks `cpu_features` and the target's own baseline
+    // features, the launcher `cpu_features`: together they must be exactly
     // the CPU features of the table that this compilation enables.
     let table_names: Vec<&str> = match arch {
         "x86_64" => table::CPU_FEATURES.iter().map(|f| f.name).collect(),
@@ -91,11 +95,12 @@ fn choose(arch: &str, enabled: &BTreeSet<String>) -> Result<(&'static str, Optio
         _ => Vec::new(),
     };
     let compiled: BTreeSet<&str> = table_names.into_iter().filter(|f| enabled.contains(*f)).collect();
-    let listed: BTreeSet<&str> = v.cpu_features.iter().copied().collect();
+    let listed: BTreeSet<&str> =
+        v.cpu_features.iter().chain(table::target_baseline_cpu_features(arch, os)).copied().collect();
     if compiled != listed {
         return Err(format!(
-            "variant '{}' (build/src/variants.rs) lists cpu_features {listed:?}, but this compilation enables \
-             {compiled:?} of the table's CPU features: the guard would check the wrong ones",
+            "variant '{}' (build/src/variants.rs) lists cpu_features {listed:?} (with the target's baseline), but \
+             this compilation enables {compiled:?} of the table's CPU features: the guard would check the wrong ones",
             v.name
         ));
     }

@@ -17,8 +17,8 @@
 //!                                     (windows): ml_run, ml_server, every ml_<isa>, README.md,
 //!                                     LICENSE, SHA256SUMS; executables stripped and checked static
 //!   cargo xtask lint                  cargo fmt --check, then clippy with warnings denied for the
-//!                                     host build and every variant of every Linux platform whose
-//!                                     Rust target is installed (each with its target features)
+//!                                     host build and every variant of every platform whose Rust
+//!                                     target is installed (each with its target features)
 //!   cargo xtask check-static FILE...  each FILE a static (no PT_INTERP/DT_NEEDED; Windows:
 //!                                     system DLLs only), stripped executable
 //!   cargo xtask kernel-tests [--isa NAME]
@@ -460,7 +460,7 @@ fn lint() -> Result<(), String> {
     run(cargo().args(["clippy", "--release", "--workspace"]).args(clippy_args))?;
     // The variants: every package but xtask, a host tool.
     let packages = ["-p", "krafla", "-p", "krafla-variant", "-p", "krafla-launcher"];
-    for p in PLATFORMS.iter().filter(|p| !p.zip) {
+    for p in PLATFORMS {
         if p.triple != PLATFORMS[0].triple && !rust_target_installed(p.triple)? {
             eprintln!("xtask: lint: NOT linting the {} variants: rustup target add {}", p.name, p.triple);
             continue;

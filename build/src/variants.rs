@@ -194,6 +194,19 @@ pub fn arch_baseline_feature(arch: &str) -> Option<&'static str> {
     }
 }
 
+/// CPU features of the table that a target enables in every build on its
+/// own (no `-C target-feature` needed), beyond any row's `cpu_features`:
+/// Rust's x86-64 Windows targets assume SSE3 (with CMPXCHG16B and
+/// LAHF/SAHF, which the table does not list), as Windows 10 and later do.
+/// The guard checks them too; the build script counts them as expected.
+pub const fn target_baseline_cpu_features(arch: &str, os: &str) -> &'static [&'static str] {
+    if str_eq(arch, "x86_64") && str_eq(os, "windows") {
+        &["sse3"]
+    } else {
+        &[]
+    }
+}
+
 /// The variant called `name` among `variants` (usable in `const` code).
 pub const fn find(variants: &'static [Variant], name: &str) -> Option<&'static Variant> {
     let mut i = 0;

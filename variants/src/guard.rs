@@ -2,8 +2,9 @@
 //! that runs before `main` and before any Rust code compiled with this
 //! build's target features. It checks, with CPUID (and XGETBV for the
 //! OS-enabled YMM / ZMM register state), every CPU feature of this build's
-//! row of the variant table (build/src/variants.rs; shared/build.rs fails
-//! the build if the row differs from the features the compiler enables),
+//! row of the variant table and of the target's own baseline (SSE3 on
+//! Windows; build/src/variants.rs; shared/build.rs fails the build if these
+//! differ from the features the compiler enables),
 //! and on a miss writes one line to stderr and ends the process with exit
 //! code 3. The routine uses only baseline x86-64
 //! instructions (CPUID, XGETBV only after OSXSAVE is seen).
@@ -18,7 +19,7 @@
 //!   (32-byte shadow space, 16-byte aligned stack). The same routine serves
 //!   both: only the failure path and the section directives differ.
 
-use crate::table::{find, str_eq, CpuFeature, Variant, CPU_FEATURES, X86_64_VARIANTS};
+use crate::table::{find, str_eq, target_baseline_cpu_features, CpuFeature, Variant, CPU_FEATURES, X86_64_VARIANTS};
 
 /// This build's row of the variant table: the features it needs, in the
 /// order they are checked (the one that names the build first).
@@ -26,7 +27,10 @@ const VARIANT: &Variant = match find(X86_64_VARIANTS, krafla::kernels::ISA) {
     Some(v) => v,
     None => panic!("this build's kernel set is not a row of X86_64_VARIANTS"),
 };
-const N: usize = VARIANT.cpu_features.len();
+/// Features the target itself assumes in every build (SSE3 on Windows).
+const TARGET_BASELINE: &[&str] =
+    target_baseline_cpu_features("x86_64", if cfg!(windows) { "windows" } else { "linux" });
+const N: usize = VARIANT.cpu_features.len() + TARGET_BASELINE.len();
 
 /// The `CPU_FEATURES` entry called `name`.
 const fn feature(name: &str) -> &'static CpuFeature {
@@ -62,14 +66,25 @@ const fn message(feature: &str) -> ([u8; MSG_CAP], u32) {
     (msg, len as u32)
 }
 
-/// The checks, in the row's order, plus one unused entry so the table is never empty.
+/// The feature of check `i`: the row's, then the target's baseline.
+const fn needed(i: usize) -> &'static str {
+    let row = VARIANT.cpu_features;
+    if i < row.len() {
+        row[i]
+    } else {
+        TARGET_BASELINE[i - row.len()]
+    }
+}
+
+/// The checks, in the row's order, then the target's baseline, plus one
+/// unused entry so the table is never empty.
 #[used]
 static CHECKS: [Check; N + 1] = {
     const EMPTY: Check = Check { leaf: 0, subleaf: 0, reg: 0, mask: 0, xcr0: 0, len: 0, msg: [0; MSG_CAP] };
     let mut out = [EMPTY; N + 1];
     let mut i = 0;
-    while i < VARIANT.cpu_features.len() {
-        let f = feature(VARIANT.cpu_features[i]);
+    while i < VARIANT.cpu_features.len() + TARGET_BASELINE.len() {
+        let f = feature(needed(i));
         let (msg, len) = message(f.name);
         out[i] =
             Check { leaf: f.leaf, subleaf: f.subleaf, reg: f.reg as u32, mask: 1 << f.bit, xcr0: f.xcr0, len, msg };
