@@ -71,9 +71,10 @@ def test_kernel_unit_tests_under_qemu(build, cpu):
               "tests::dot_f32_matches_f64_and_portable_on_odd_lengths", "tests::f32_ops_match_f64_and_portable",
               "tests::f16_conversion_is_exact_for_every_value",
               "tests::matmul_is_identical_for_any_batch_and_thread_count",
-              "armv7_neon::tests::armv7_exp_is_within_1e6_relative",
-              "armv7_neon::tests::armv7_exp_matches_the_x86_operation_sequence",
-              "armv7_neon::tests::armv7_block_sums_match_scalar"]:
+              "arm::neon::float::tests::armv7_exp_is_within_1e6_relative",
+              "arm::neon::float::tests::armv7_exp_matches_the_x86_operation_sequence",
+              "arm::neon::int8::tests::armv7_block_sums_match_scalar",
+              "arm::neon::int8::tests::armv7_scale_check_boundary_matches_portable"]:
         assert f"test kernels::{t} ... ok" in p.stdout, f"{cpu}: {t} did not run and pass"
 
 
