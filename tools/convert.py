@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert a model to Krafla's .mlb format (docs/FORMAT.md).
 
-    python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,f32,f16}
+    python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,auto,f32,f16}
                              [--q4-scale {fit,max}] [--scale-type {f16,f32}]
 
 SRC is one of
@@ -9,9 +9,11 @@ SRC is one of
   * a .gguf file (any tensor type the `gguf` package can dequantise),
   * a llama2.c checkpoint (.bin: legacy v0, v1 fp32 or v2 Q8_0).
 
-All weights are loaded as float32 in Hugging Face layout ([out, in], RoPE rows
-in the `half` layout) and then re-encoded; see docs/QUANT.md for the
-quantisation choices.  Errors the user can fix (unsupported architecture,
+Weights are loaded as float32 ([out, in]) and re-encoded; see docs/QUANT.md
+for the quantisation choices. From a GGUF file, tensors of the types Krafla
+reads as they are (F32, F16, Q8_0, Q4_0) keep their bytes and llama.cpp's
+layout conventions are kept (source_gguf.py); `--type auto` converts the
+other types by their width.  Errors the user can fix (unsupported architecture,
 missing tensor, bad file) print one line and exit with status 2, leaving no
 output or temp file behind.
 """
@@ -50,22 +52,34 @@ def load_source(src):
 # Tensor kinds kept in Q8_0 by --type q4_mixed (chosen by measurement; see
 # docs/QUANT.md).  Matched against the tensor name with the `blk.N.` removed.
 Q4_MIXED_Q8 = ("token_embd", "output", "attn_v", "ffn_down")
-# Kinds kept in Q8_0 by plain --type q4_0 (see docs/QUANT.md).
+# Kinds kept in Q8_0 by plain --type q4_0 and auto (see docs/QUANT.md).
 Q4_0_Q8 = ("token_embd", "output")
+
+# GGUF tensor types stored as they are (Krafla's block layouts are llama.cpp's),
+# and, for --type auto, the types converted to Q8_0 (5 bits a weight or more)
+# and to fitted Q4_0 (4 or fewer). The executables load GGUF files by the same
+# rule (shared/src/import/), so `ml_run MODEL.gguf --save OUT.mlb` writes the
+# same bytes as this converter.
+GGUF_KEPT = {"F32": mlb.F32, "F16": mlb.F16, "Q8_0": mlb.Q8_0, "Q4_0": mlb.Q4_0}
+GGUF_AUTO_Q8 = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_K")
 
 
 def kind_of(name):
     return re.sub(r"^blk\.\d+\.", "", name)
 
 
-def choose_type(name, shape, qtype, scale_type, q8_kinds=None):
-    """-> mlb tensor type for one tensor."""
+def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None):
+    """-> mlb tensor type for one tensor; `source` is its GGUF type name, if any."""
     if len(shape) != 2 or kind_of(name).endswith(("norm", "bias")) or kind_of(name) == "ssm_conv":
         return mlb.F32
     if qtype == "f32":
         return mlb.F32
     if qtype == "f16":
         return mlb.F16
+    if source in GGUF_KEPT:
+        return GGUF_KEPT[source]
+    if source == "BF16":
+        return mlb.F32  # exact
     if shape[-1] % mlb.QK:
         return mlb.F16
     q8 = mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
@@ -75,6 +89,8 @@ def choose_type(name, shape, qtype, scale_type, q8_kinds=None):
     if q8_kinds is None:
         q8_kinds = Q4_MIXED_Q8 if qtype == "q4_mixed" else Q4_0_Q8
     if kind_of(name) in q8_kinds:
+        return q8
+    if qtype == "auto" and source in GGUF_AUTO_Q8:
         return q8
     return q4
 
@@ -94,24 +110,31 @@ def load_imatrix(path):
 def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None):
     imat = load_imatrix(imatrix) if imatrix else {}
     meta, tensors = load_source(src)
+    gguf_source = any(len(t) > 2 for t in tensors.values())
+    if qtype == "auto" and not gguf_source:
+        raise ConvertError("--type auto chooses by the GGUF tensor types: it needs a .gguf source")
     meta = {k: v for k, v in meta.items() if not k.startswith("_")}
     meta["convert_type"] = qtype
-    if qtype in ("q4_0", "q4_mixed"):
+    if qtype in ("q4_0", "q4_mixed", "auto"):
         meta["convert_q4_scale"] = q4_scale + ("+imatrix" if imat and q4_scale == "fit" else "")
-    for name, (shape, _) in tensors.items():
+    for name, (shape, *_) in tensors.items():
         if len(shape) == 0 or len(shape) > 4:
             raise ConvertError(f"{name}: unsupported rank {len(shape)}")
     _check_shapes(meta, tensors)
     plan = []
     n = len(tensors)
-    for name, (shape, loader) in tensors.items():
-        tt = choose_type(name, shape, qtype, scale_type)
+    for name, (shape, loader, *source) in tensors.items():
+        source_type, raw = source if source else (None, None)
+        tt = choose_type(name, shape, qtype, scale_type, source=source_type)
+        kept = source_type in GGUF_KEPT and GGUF_KEPT[source_type] == tt
 
-        cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and q4_scale == "fit" else None
+        cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and q4_scale == "fit" and not kept else None
         if cw is not None and cw.shape != (shape[-1],):
             raise ConvertError(f"importance matrix entry {name} has shape {list(cw.shape)}, expected [{shape[-1]}]")
 
-        def producer(loader=loader, tt=tt, shape=shape, name=name, cw=cw):
+        def producer(loader=loader, tt=tt, shape=shape, name=name, cw=cw, raw=raw if kept else None):
+            if raw is not None:
+                return raw()
             a = loader()
             if tuple(a.shape) != tuple(shape):
                 raise ConvertError(f"{name}: loaded shape {a.shape} != {shape}")
@@ -146,7 +169,7 @@ def _check_shapes(meta, tensors):
               "ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F)}
     if H % Hkv:
         raise ConvertError(f"n_heads {H} not a multiple of n_kv_heads {Hkv}")
-    for name, (shape, _) in tensors.items():
+    for name, (shape, *_) in tensors.items():
         k = kind_of(name)
         if k in expect and tuple(shape) != expect[k]:
             raise ConvertError(f"{name}: shape {list(shape)}, expected {list(expect[k])}")
@@ -156,7 +179,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src")
     ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_mixed", "f32", "f16"])
+    ap.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_mixed", "auto", "f32", "f16"],
+                    help="auto (GGUF sources): 5-bit and wider types to Q8_0, 4-bit and narrower to Q4_0")
     ap.add_argument("--q4-scale", default="fit", choices=["fit", "max"])
     ap.add_argument("--scale-type", default="f16", choices=["f16", "f32"])
     ap.add_argument("--imatrix", help="importance matrix (.npz from tools/q4_experiment.py imatrix) "

@@ -95,10 +95,17 @@ def _q4_codes(b, d):
 
 
 def _q4_err(b, d, q, w=None):
-    r = b - d[:, None] * (q.astype(np.float32) - 8.0)
-    if w is not None:
-        return np.einsum("ij,ij,ij->i", r, r, w)
-    return np.einsum("ij,ij->i", r, r)
+    """Squared error of each block, summed in float32 element by element in
+    order (j = 0 .. 31), the order shared/src/import/quantize.rs sums in, so
+    both pick the same scale on ties and near-ties."""
+    r = b - d[:, None] * (q.astype(np.float32) - np.float32(8.0))
+    e = np.zeros(b.shape[0], dtype=np.float32)
+    for j in range(b.shape[1]):
+        t = r[:, j] * r[:, j]
+        if w is not None:
+            t = t * w[:, j]
+        e += t
+    return e
 
 
 # Candidate factors for the fitted rule.  Factor f scales the llama.cpp max

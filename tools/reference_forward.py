@@ -69,16 +69,18 @@ def _inv_freq(meta, rope_dim, local):
     return inv
 
 
-def _rope(x, pos, inv):
-    """x [T, heads, hd]; rotate the first 2*len(inv) dims, pairs (i, i + r/2)."""
+def _rope(x, pos, inv, interleaved=False):
+    """x [T, heads, hd]; rotate the first 2*len(inv) dims, pairs (i, i + r/2),
+    or (2i, 2i + 1) when `interleaved` (llama.cpp's layout)."""
     r = 2 * len(inv)
     ang = pos[:, None].astype(np.float64) * inv[None, :]
     cos = np.cos(ang).astype(np.float32)[:, None, :]
     sin = np.sin(ang).astype(np.float32)[:, None, :]
-    x1, x2 = x[..., :r // 2], x[..., r // 2:r]
+    first, second = (slice(0, r, 2), slice(1, r, 2)) if interleaved else (slice(0, r // 2), slice(r // 2, r))
+    x1, x2 = x[..., first], x[..., second]
     out = x.copy()
-    out[..., :r // 2] = x1 * cos - x2 * sin
-    out[..., r // 2:r] = x2 * cos + x1 * sin
+    out[..., first] = x1 * cos - x2 * sin
+    out[..., second] = x2 * cos + x1 * sin
     return out
 
 
@@ -108,8 +110,7 @@ def forward(meta, W, ids, logits_from=0, stats=None):
     arch = meta["arch"]
     if arch == "qwen3_5":
         raise NotImplementedError("the numpy reference does not implement Gated DeltaNet (qwen3_5)")
-    if meta.get("rope_style", "half") != "half":
-        raise NotImplementedError("reference forward expects rope_style half")
+    interleaved = meta.get("rope_style", "half") == "interleaved"
     ids = np.asarray(ids)
     T = len(ids)
     H, Hkv, hd = meta["n_heads"], meta["n_kv_heads"], meta["head_dim"]
@@ -148,7 +149,7 @@ def forward(meta, W, ids, logits_from=0, stats=None):
             k = _rms(k, W[p + "attn_k_norm"], eps, unit)
         if lrope[i]:
             inv = inv_l if kinds[i] == 1 else inv_g
-            q, k = _rope(q, pos, inv), _rope(k, pos, inv)
+            q, k = _rope(q, pos, inv, interleaved), _rope(k, pos, inv, interleaved)
         mask = swmask if kinds[i] == 1 else causal
         att = np.empty((T, H, hd), np.float32)
         for hh in range(H):

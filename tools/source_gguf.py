@@ -1,16 +1,21 @@
 """GGUF source for tools/convert.py: a llama.cpp .gguf file, any tensor type the
 `gguf` package can dequantise.
 
-Besides the metadata keys, llama.cpp's conventions are undone here: q/k rows
-permuted to interleaved RoPE (LlamaModel families), Gemma norms stored as
-1 + w, values llama.cpp hard-codes instead of storing (families.py).
+llama.cpp's conventions are kept rather than undone, so that the tensors of
+the types Krafla reads as they are (F32, F16, Q8_0, Q4_0) keep their bytes and
+the executables, which load GGUF files directly, make the same file with
+`--save`: q/k rows permuted to interleaved RoPE (LlamaModel families) get
+`rope_style = interleaved`, Gemma norms stored as 1 + w are used as stored
+(no `norm_unit_offset`). Values llama.cpp hard-codes instead of storing come
+from families.py. Each tensor comes with its GGUF type and raw bytes, for
+convert.py's type choice.
 """
-import functools
+import math
 
 import numpy as np
 
 import families
-from source_common import ConvertError, unpermute_interleaved
+from source_common import ConvertError
 
 GGUF_LAYER_MAP = {
     "attn_norm": "attn_norm", "attn_q": "attn_q", "attn_k": "attn_k", "attn_v": "attn_v",
@@ -71,7 +76,7 @@ def load_gguf(path):
         "context_length": int(af("context_length", 2048)),
         "norm_eps": float(af("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(af("rope.freq_base", 10000.0)),
-        "rope_style": "half",
+        "rope_style": "interleaved" if fam.gguf_qk_permuted else "half",
     }
     rd = af("rope.dimension_count")
     if rd is not None and int(rd) != hd:
@@ -89,6 +94,8 @@ def load_gguf(path):
         if v is not None:
             meta[k] = int(v)
     meta.update(fam.traits(D))
+    if fam.gemma:
+        del meta["norm_unit_offset"]  # convert_hf_to_gguf stores Gemma norms as 1 + w: used as stored
 
     # ---- layer kinds: the GGUF's own pattern if it has one, else the family's
     window = af("attention.sliding_window")
@@ -112,10 +119,11 @@ def load_gguf(path):
     if fam.gguf_local_rope_theta is not None:
         meta["rope_local_theta"] = fam.gguf_local_rope_theta
     if fam.gemma:
-        meta["query_scale"] = float(hd) ** -0.5  # llama.cpp: query_pre_attn_scalar = head_dim
+        meta["query_scale"] = 1.0 / math.sqrt(hd)  # llama.cpp: query_pre_attn_scalar = head_dim
     meta["tie_embeddings"] = 0 if "output.weight" in tinfo else 1
 
-    def gt(gname, transform=None):
+    def gt(gname):
+        """(shape, loader of float32, GGUF type name, loader of the raw bytes)."""
         if gname not in tinfo:
             raise ConvertError(f"missing tensor {gname}")
         t = tinfo[gname]
@@ -123,15 +131,12 @@ def load_gguf(path):
 
         def load():
             a = gguf.quants.dequantize(t.data, t.tensor_type)
-            a = np.asarray(a, dtype=np.float32).reshape(shape)
-            return transform(a) if transform else a
-        return (shape, load)
+            return np.asarray(a, dtype=np.float32).reshape(shape)
 
-    def minus_one(a):
-        return a - 1.0
+        def raw():
+            return np.ascontiguousarray(t.data).tobytes()
+        return (shape, load, t.tensor_type.name, raw)
 
-    norm_tf = minus_one if fam.gemma else None  # convert_hf_to_gguf stores Gemma norms as 1 + w
-    perm = fam.gguf_qk_permuted
     tensors = {"token_embd": gt("token_embd.weight")}
     for i in range(L):
         names = {n[len(f"blk.{i}."):] for n in tinfo if n.startswith(f"blk.{i}.")}
@@ -148,13 +153,8 @@ def load_gguf(path):
             if base not in GGUF_LAYER_MAP or kind not in ("weight", "bias"):
                 raise ConvertError(f"unexpected tensor blk.{i}.{n} for arch {ga}")
             out = GGUF_LAYER_MAP[base] + ("_bias" if kind == "bias" else "")
-            tf = None
-            if base.endswith("norm"):
-                tf = norm_tf
-            elif perm and base in ("attn_q", "attn_k"):
-                tf = functools.partial(unpermute_interleaved, n_head=H if base == "attn_q" else Hkv)
-            tensors[f"blk.{i}.{out}"] = gt(f"blk.{i}.{n}", tf)
-    tensors["output_norm"] = gt("output_norm.weight", norm_tf)
+            tensors[f"blk.{i}.{out}"] = gt(f"blk.{i}.{n}")
+    tensors["output_norm"] = gt("output_norm.weight")
     if not meta["tie_embeddings"]:
         tensors["output"] = gt("output.weight")
     return meta, tensors
