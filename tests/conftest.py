@@ -258,6 +258,13 @@ def converter(root, name, gguf, tokenizer_source):
 
 
 @pytest.fixture(scope="session")
+def gem(tmp_path_factory, gemma3_gguf):
+    """kind -> Gemma 3 270M converted from its GGUF by the tools: .mlb of that --type, or 'mlt'
+    (the GGUF's tokenizer). Converted once per test session, on first use."""
+    return converter(tmp_path_factory.mktemp("gemma3"), "gemma3", gemma3_gguf, gemma3_gguf)
+
+
+@pytest.fixture(scope="session")
 def smol(tmp_path_factory, smollm2_gguf):
     """kind -> SmolLM2 converted from the GGUF: 'f32', 'q8_0', 'q4_0', ... (.mlb) or 'mlt' (tokenizer).
 

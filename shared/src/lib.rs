@@ -2,7 +2,10 @@
 //! layer uses only the ones above it; docs/ARCHITECTURE.md):
 //!
 //! * `quant`: the quantised block layouts (weights as stored, activations);
-//! * `format`: the `.mlb` and `.mlt` files, over one bounds-checked reader;
+//! * `format`: the `.mlb`, `.mlt` and GGUF files, over one bounds-checked
+//!   reader;
+//! * `import`: a GGUF model and its tokenizer made into `.mlb` and `.mlt`
+//!   ones at load time (conversion on all threads);
 //! * `kernels`: the per-ISA kernels behind one trait, chosen when compiling,
 //!   and the matrix multiply;
 //! * `tokenizer`: byte-level and SentencePiece BPE;
@@ -16,6 +19,7 @@ pub mod app;
 pub mod chat;
 pub mod format;
 pub mod generate;
+pub mod import;
 pub mod kernels;
 pub mod model;
 pub mod quant;

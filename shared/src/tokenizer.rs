@@ -65,8 +65,9 @@ impl Tokenizer {
         Tokenizer::build(raw).map_err(|e| format!("{name}: {e}"))
     }
 
-    /// Derive the lookup tables from a structurally valid file.
-    fn build(raw: RawTokenizer) -> Result<Tokenizer, String> {
+    /// Derive the lookup tables from a structurally valid description (an
+    /// `.mlt` file's, or one made from a GGUF file).
+    pub fn build(raw: RawTokenizer) -> Result<Tokenizer, String> {
         let mut vocab: HashMap<Box<str>, u32> = HashMap::with_capacity(raw.tokens.len());
         for (id, t) in raw.tokens.iter().enumerate() {
             vocab.entry(t.as_str().into()).or_insert(id as u32);

@@ -11,16 +11,16 @@ use std::time::Instant;
 use clap::Parser;
 
 use super::measure;
-use super::options::{startup_line, RunArgs};
+use super::options::{startup_line, ModelFile, RunArgs};
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::model::LogitsFor;
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Parser, Debug)]
-#[command(name = "ml_run", version, about = "Krafla: run a Llama-style model (.mlb) on the CPU")]
+#[command(name = "ml_run", version, about = "Krafla: run a Llama-style model (.gguf or .mlb) on the CPU")]
 pub struct Args {
-    /// Model file (.mlb). Not needed with --tokenize.
+    /// Model file (.mlb or .gguf). Not needed with --tokenize and -z.
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
@@ -92,17 +92,18 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
         })
         .collect();
     let Some(args) = super::parse_args::<Args>(argv)? else { return Ok(()) };
-    let tokenizer = args.run.load_tokenizer()?;
+    let started = Instant::now();
+    let (file, tokenizer) = args.run.open(args.model.as_deref())?;
     let text = prompt_text(&args, tokenizer.as_ref())?;
     if args.tokenize {
-        let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z)")?;
+        let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z, or a GGUF model)")?;
         let ids = tok.encode(text.as_deref().unwrap_or(""), true);
         println!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
         return Ok(());
     }
     let (pool, threads) = args.run.thread_pool()?;
     // Everything below runs on a pool thread, so parallel loops start inside the pool.
-    pool.install(|| run_model(&args, tokenizer, text, threads))
+    pool.install(|| run_model(&args, file, tokenizer, text, threads, started))
 }
 
 /// The prompt text (`-p` then `-f`), wrapped in the chat template when there is one.
@@ -120,9 +121,21 @@ fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<Stri
 }
 
 /// Loads the model and runs the chosen mode (bench, perplexity, logits, generation).
-fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, threads: usize) -> Result<(), String> {
-    let model_path = args.model.as_ref().ok_or("no model given (ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)")?;
-    let model = args.run.load_model(model_path, tokenizer.as_ref())?;
+fn run_model(
+    args: &Args,
+    file: Option<ModelFile>,
+    tokenizer: Option<Tokenizer>,
+    text: Option<String>,
+    threads: usize,
+    started: Instant,
+) -> Result<(), String> {
+    let (Some(model_path), Some(file)) = (args.model.as_ref(), file) else {
+        return Err(
+            "no model given (ml_run MODEL.gguf -p PROMPT, or ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)".into()
+        );
+    };
+    let model = args.run.load_model(file, tokenizer.as_ref())?;
+    let load_secs = started.elapsed().as_secs_f64();
     let vocab = model.config.vocab_size;
 
     if args.bench {
@@ -169,7 +182,7 @@ fn run_model(args: &Args, tokenizer: Option<Tokenizer>, text: Option<String>, th
         return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
     }
     let state = args.run.state(&model, ctx)?;
-    eprintln!("{}", startup_line(model_path, &model, threads, ctx, &state, args.run.kv));
+    eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
     let mut generator = Generator::new(model, state, args.run.batch);
 
     // ---- prompt ----

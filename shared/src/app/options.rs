@@ -10,6 +10,12 @@ use clap::builder::PossibleValue;
 use clap::ValueEnum;
 
 use crate::chat::Template;
+use crate::format::gguf::Gguf;
+use crate::format::mlb::Mlb;
+use crate::format::mlt::{self, RawTokenizer};
+use crate::import::gguf::import_model;
+use crate::import::tokenizer::import_tokenizer;
+use crate::import::ConvertType;
 use crate::kernels::ISA;
 use crate::model::{KvType, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
@@ -42,9 +48,19 @@ impl ValueEnum for ChatChoice {
 /// Options of every mode that runs a model.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Tokenizer file (.mlt).
+    /// Tokenizer file (.mlt); a GGUF model brings its own.
     #[arg(short = 'z', long = "tokenizer")]
     pub tokenizer: Option<PathBuf>,
+    /// GGUF models: what the tensor types Krafla does not read (Q4_1, Q5_*,
+    /// K-quants) become at load [default: auto].
+    #[arg(long = "type", value_enum)]
+    pub convert_type: Option<ConvertType>,
+    /// Write the model as loaded to an .mlb file (the next start maps it).
+    #[arg(long, value_name = "OUT.mlb")]
+    pub save: Option<PathBuf>,
+    /// Write the tokenizer in use to an .mlt file.
+    #[arg(long, value_name = "OUT.mlt")]
+    pub save_tokenizer: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
@@ -93,13 +109,42 @@ impl RunArgs {
         Ok((pool, threads))
     }
 
-    pub fn load_tokenizer(&self) -> Result<Option<Tokenizer>, String> {
-        self.tokenizer.as_deref().map(Tokenizer::load).transpose()
+    /// The model file (a GGUF file opened, its tokenizer read from it) and
+    /// the tokenizer: `-z`, else the GGUF file's. `--save-tokenizer` writes
+    /// the tokenizer here.
+    pub fn open(&self, model: Option<&Path>) -> Result<(Option<ModelFile>, Option<Tokenizer>), String> {
+        let file = model.map(ModelFile::open).transpose()?;
+        if self.convert_type.is_some() && !matches!(file, Some(ModelFile::Gguf(_))) {
+            return Err("--type applies to GGUF models only".into());
+        }
+        let raw: Option<RawTokenizer> = match (&self.tokenizer, &file) {
+            (Some(path), _) => {
+                let name = path.display().to_string();
+                let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+                Some(mlt::parse(&bytes).map_err(|e| format!("{name}: {e}"))?)
+            }
+            (None, Some(ModelFile::Gguf(g))) => Some(import_tokenizer(g)?),
+            (None, _) => None,
+        };
+        if let Some(path) = &self.save_tokenizer {
+            let raw = raw.as_ref().ok_or("--save-tokenizer: there is no tokenizer (-z, or a GGUF model)")?;
+            write_atomic(path, &mlt::write(raw))?;
+        }
+        let tokenizer = raw.map(Tokenizer::build).transpose()?;
+        Ok((file, tokenizer))
     }
 
-    /// The model, checked against the tokenizer when there is one.
-    pub fn load_model(&self, path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Arc<Model>, String> {
-        let model = Model::load_with(path, LoadOptions { repack: !self.no_repack })?;
+    /// The model (converted on the current thread pool if it is GGUF),
+    /// checked against the tokenizer when there is one; `--save` writes it.
+    pub fn load_model(&self, file: ModelFile, tokenizer: Option<&Tokenizer>) -> Result<Arc<Model>, String> {
+        let mlb = match file {
+            ModelFile::Mlb(path) => Mlb::open(&path)?,
+            ModelFile::Gguf(g) => import_model(*g, self.convert_type.unwrap_or(ConvertType::Auto))?,
+        };
+        if let Some(path) = &self.save {
+            mlb.save(path)?;
+        }
+        let model = Model::from_mlb(Arc::new(mlb), LoadOptions { repack: !self.no_repack })?;
         if let Some(t) = tokenizer {
             if t.vocab_size() > model.config.vocab_size {
                 return Err(format!(
@@ -153,17 +198,62 @@ impl RunArgs {
     }
 }
 
+/// A model file as given on the command line.
+pub enum ModelFile {
+    Mlb(PathBuf),
+    Gguf(Box<Gguf>),
+}
+
+impl ModelFile {
+    /// A GGUF file (by its magic) opened and validated; any other file is
+    /// taken for an `.mlb`, which `Mlb::open` checks.
+    pub fn open(path: &Path) -> Result<ModelFile, String> {
+        use std::io::Read;
+        let mut head = [0u8; 4];
+        let n = std::fs::File::open(path)
+            .and_then(|mut f| f.read(&mut head))
+            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+        if Gguf::sniff(&head[..n]) {
+            Ok(ModelFile::Gguf(Box::new(Gguf::open(path)?)))
+        } else {
+            Ok(ModelFile::Mlb(path.to_path_buf()))
+        }
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it over
+/// `path`: a failure leaves nothing half-written.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().map_or("out".into(), |n| n.to_string_lossy())));
+    std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: cannot write: {e}", path.display())
+    })
+}
+
 /// The line both executables print when a model is loaded: the build, the
-/// threads, the model and the memory it takes.
-pub fn startup_line(path: &Path, model: &Model, threads: usize, ctx: usize, state: &State, kv: KvType) -> String {
+/// threads, the model, how long loading took and the memory it takes.
+pub fn startup_line(
+    path: &Path,
+    model: &Model,
+    load_secs: f64,
+    threads: usize,
+    ctx: usize,
+    state: &State,
+    kv: KvType,
+) -> String {
     let mib = |b: f64| b / 1048576.0;
     format!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params), ctx {ctx}, memory: {:.1} MiB weights \
-         (mapped) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params, loaded in {load_secs:.2} s), ctx {ctx}, \
+         memory: {:.1} MiB weights ({}) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
         path.display(),
         model.config.arch,
         model.n_params() as f64 / 1e6,
         mib(model.file.file_len() as f64),
+        match model.file.made_bytes() {
+            0 => "mapped".to_string(),
+            made => format!("{:.1} MiB of them converted at load", mib(made as f64)),
+        },
         mib(model.repacked_bytes() as f64),
         mib(state.bytes() as f64),
         kv.name()

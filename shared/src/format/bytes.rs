@@ -25,6 +25,11 @@ impl<'a> ByteReader<'a> {
         self.bytes.len() - self.pos
     }
 
+    /// The bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        &self.bytes[self.pos..]
+    }
+
     /// The next `n` bytes.
     pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
         if n > self.remaining() {
@@ -83,15 +88,36 @@ impl<'a> ByteReader<'a> {
         std::str::from_utf8(bytes).map_err(|e| format!("{what} is not valid UTF-8 ({e})"))
     }
 
+    /// A `u64` length, at most `max`, followed by that many bytes of UTF-8
+    /// (GGUF's strings).
+    pub fn str64(&mut self, max: u64, what: &str) -> Result<&'a str, String> {
+        let len = self.u64(what)?;
+        if len > max {
+            return Err(format!("{what} length {len} exceeds the limit {max}"));
+        }
+        let bytes = self.take(len as usize, what)?;
+        std::str::from_utf8(bytes).map_err(|e| format!("{what} is not valid UTF-8 ({e})"))
+    }
+
+    /// A `u64` count, as `count` (GGUF's counts).
+    pub fn count64(&mut self, max: u64, entry_bytes: usize, what: &str) -> Result<usize, String> {
+        let n = self.u64(what)?;
+        self.check_count(n, max, entry_bytes, what)
+    }
+
     /// A `u32` count, at most `max`, of entries that take at least
     /// `entry_bytes` each: checked against the bytes left before anyone
     /// allocates for it.
     pub fn count(&mut self, max: u32, entry_bytes: usize, what: &str) -> Result<usize, String> {
         let n = self.u32(what)?;
+        self.check_count(n.into(), max.into(), entry_bytes, what)
+    }
+
+    fn check_count(&self, n: u64, max: u64, entry_bytes: usize, what: &str) -> Result<usize, String> {
         if n > max {
             return Err(format!("{what} {n} exceeds the limit {max}"));
         }
-        let need = (n as usize).saturating_mul(entry_bytes);
+        let need = usize::try_from(n).unwrap_or(usize::MAX).saturating_mul(entry_bytes);
         if need > self.remaining() {
             return Err(format!(
                 "truncated: {what} {n} needs at least {need} bytes at offset {}, only {} left",

@@ -110,17 +110,26 @@ impl TensorInfo {
     }
 }
 
-/// A validated, memory-mapped `.mlb` file.
+/// A validated `.mlb` model: a memory-mapped file, or a model imported from
+/// another format (`crate::import`), whose tensors lie partly in that
+/// file's map and partly in memory made at load time.
 pub struct Mlb {
     map: Bytes,
+    /// Tensors made at load time; their `start` counts from `made_base`.
+    made: Vec<u64>,
+    made_base: usize,
     pub meta: HashMap<String, MetaValue>,
+    /// The metadata keys in file order.
+    meta_keys: Vec<String>,
     pub tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
     pub path: String,
+    /// Size of the `.mlb` file this is (or `save` writes).
+    file_len: usize,
 }
 
 /// Backing store: an mmap of a file, or owned bytes (tests).
-enum Bytes {
+pub enum Bytes {
     Map(memmap2::Mmap),
     Owned(Vec<u8>),
 }
@@ -133,6 +142,13 @@ impl std::ops::Deref for Bytes {
             Bytes::Owned(v) => v,
         }
     }
+}
+
+/// Where tensors made at load time start, after a source of `source_len`
+/// bytes: `TensorInfo::start` of such a tensor is this plus its offset in
+/// the made memory.
+pub fn made_base(source_len: usize) -> usize {
+    source_len.next_multiple_of(DATA_ALIGN as usize)
 }
 
 impl Mlb {
@@ -154,8 +170,58 @@ impl Mlb {
 
     fn parse(map: Bytes, path: String) -> Result<Mlb, String> {
         let (meta, tensors) = parse_layout(&map).map_err(|e| format!("{path}: {e}"))?;
+        let file_len = map.len();
+        Self::build(map, Vec::new(), meta, tensors, path, file_len)
+    }
+
+    fn build(
+        map: Bytes,
+        made: Vec<u64>,
+        meta: Vec<(String, MetaValue)>,
+        tensors: Vec<TensorInfo>,
+        path: String,
+        file_len: usize,
+    ) -> Result<Mlb, String> {
+        let meta_keys = meta.iter().map(|(k, _)| k.clone()).collect();
         let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(Mlb { map, meta, tensors, by_name, path })
+        let made_base = made_base(map.len());
+        let meta = meta.into_iter().collect();
+        Ok(Mlb { map, made, made_base, meta, meta_keys, tensors, by_name, path, file_len })
+    }
+
+    /// A model assembled from parts: `meta` in order, `tensors` in order,
+    /// each lying in `source` or (from `made_base(source.len())` on) in
+    /// `made`. Each tensor's size and place are checked.
+    pub fn assemble(
+        source: Bytes,
+        made: Vec<u64>,
+        meta: Vec<(String, MetaValue)>,
+        tensors: Vec<TensorInfo>,
+        path: String,
+    ) -> Result<Mlb, String> {
+        let base = made_base(source.len());
+        let made_len = made.len() * 8;
+        for t in &tensors {
+            let size = tensor_size(t.ttype, &t.dims);
+            let end = t.start.checked_add(t.len);
+            let inside = match end {
+                Some(end) if t.start >= base => end - base <= made_len,
+                Some(end) => end <= source.len(),
+                None => false,
+            };
+            if size != Some(t.len as u64) || !inside {
+                return Err(format!("{path}: tensor '{}' was assembled wrongly (an internal error)", t.name));
+            }
+        }
+        let (head, offsets) = header(
+            meta.iter().map(|(k, v)| (k.as_str(), v)),
+            tensors.iter().map(|t| (t.name.as_str(), t.ttype, &t.dims[..], t.len)),
+        );
+        let file_len = match (offsets.last(), tensors.last()) {
+            (Some(&o), Some(t)) => (head.len() as u64 + o + t.len as u64).next_multiple_of(DATA_ALIGN) as usize,
+            _ => head.len(),
+        };
+        Self::build(source, made, meta, tensors, path, file_len)
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -163,16 +229,61 @@ impl Mlb {
     }
 
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
-        &self.map[t.start..t.start + t.len]
+        self.range(t.start, t.len)
     }
 
+    /// `len` bytes of tensor data from `start` (a `TensorInfo::start`).
+    pub fn range(&self, start: usize, len: usize) -> &[u8] {
+        if start >= self.made_base {
+            let at = start - self.made_base;
+            &bytemuck::cast_slice::<u64, u8>(&self.made)[at..at + len]
+        } else {
+            &self.map[start..start + len]
+        }
+    }
+
+    /// Bytes of the tensors made at load time (0 for an `.mlb` file).
+    pub fn made_bytes(&self) -> usize {
+        self.made.len() * 8
+    }
+
+    /// Size of the `.mlb` file: the one opened, or the one `save` writes.
     pub fn file_len(&self) -> usize {
-        self.map.len()
+        self.file_len
     }
 
-    /// The whole file; tensor ranges (`TensorInfo::start`, `len`) index it.
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
+    /// The metadata in file order.
+    pub fn meta_in_order(&self) -> impl Iterator<Item = (&str, &MetaValue)> {
+        self.meta_keys.iter().filter_map(|k| self.meta.get(k).map(|v| (k.as_str(), v)))
+    }
+
+    /// Writes the model as an `.mlb` file, byte for byte what
+    /// `tools/mlb.py`'s `write_mlb` writes for the same metadata and tensors
+    /// (through a temporary file renamed over `path`, so a failure leaves
+    /// nothing half-written).
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        use std::io::Write;
+        let shown = path.display();
+        let (head, offsets) =
+            header(self.meta_in_order(), self.tensors.iter().map(|t| (t.name.as_str(), t.ttype, &t.dims[..], t.len)));
+        let tmp = path
+            .with_file_name(format!(".{}.tmp", path.file_name().map_or("model.mlb".into(), |n| n.to_string_lossy())));
+        let write = || -> std::io::Result<()> {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+            out.write_all(&head)?;
+            let mut pos = 0u64;
+            for (t, &o) in self.tensors.iter().zip(&offsets) {
+                out.write_all(&vec![0u8; (o - pos) as usize])?;
+                out.write_all(self.tensor_bytes(t))?;
+                pos = o + t.len as u64;
+            }
+            out.write_all(&vec![0u8; (pos.next_multiple_of(DATA_ALIGN) - pos) as usize])?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        };
+        write().and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("{shown}: cannot write: {e}")
+        })
     }
 
     // ---- typed metadata access; errors name the file and the key ----
@@ -217,7 +328,7 @@ impl Mlb {
     }
 }
 
-type Layout = (HashMap<String, MetaValue>, Vec<TensorInfo>);
+type Layout = (Vec<(String, MetaValue)>, Vec<TensorInfo>);
 
 fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     let mut c = ByteReader::new(bytes);
@@ -239,7 +350,8 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     }
     c.u32("reserved field")?;
 
-    let mut meta = HashMap::new();
+    let mut meta = Vec::new();
+    let mut keys = std::collections::HashSet::new();
     for i in 0..n_meta {
         let key = c.str(MAX_KEY, &format!("metadata key {i}"))?.to_string();
         if key.is_empty() {
@@ -260,9 +372,10 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
             }
             t => return Err(format!("{what} has unknown value type {t}")),
         };
-        if meta.insert(key.clone(), value).is_some() {
+        if !keys.insert(key.clone()) {
             return Err(format!("duplicate metadata key '{key}'"));
         }
+        meta.push((key, value));
     }
 
     struct Raw {
@@ -306,11 +419,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         if quantized && last % QK as u64 != 0 {
             return Err(format!("{what}: last dimension {last} of type {} is not a multiple of {QK}", r.ttype.name()));
         }
-        let row_bytes = r.ttype.row_bytes(last).ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
-        let size = r.dims[..r.dims.len() - 1]
-            .iter()
-            .try_fold(row_bytes, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
+        let size = tensor_size(r.ttype, &r.dims).ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
         if r.offset % DATA_ALIGN != 0 {
             return Err(format!("{what}: offset {} is not a multiple of {DATA_ALIGN}", r.offset));
         }
@@ -335,60 +444,84 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     Ok((meta, tensors))
 }
 
-/// Writes an `.mlb` image in memory (used by tests; the converter is Python).
-pub fn write_mlb(meta: &[(&str, MetaValue)], tensors: &[(&str, TensorType, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+/// Bytes of a tensor of type `ttype` and shape `dims` (outermost first),
+/// or None if the shape does not fit the type or the size overflows.
+fn tensor_size(ttype: TensorType, dims: &[u64]) -> Option<u64> {
+    let (&last, outer) = dims.split_last()?;
+    outer.iter().try_fold(ttype.row_bytes(last)?, |acc, &d| acc.checked_mul(d))
+}
+
+/// The header of an `.mlb` file (padded to `DATA_ALIGN`) and each tensor's
+/// offset from the start of the data: tensors in order, each at the next
+/// multiple of `DATA_ALIGN` (docs/FORMAT.md).
+fn header<'a>(
+    meta: impl Iterator<Item = (&'a str, &'a MetaValue)>,
+    tensors: impl Iterator<Item = (&'a str, TensorType, &'a [u64], usize)>,
+) -> (Vec<u8>, Vec<u64>) {
     fn put_str(out: &mut Vec<u8>, s: &str) {
         out.extend((s.len() as u32).to_le_bytes());
         out.extend(s.as_bytes());
     }
-    let mut out = Vec::new();
-    out.extend(MAGIC);
-    out.extend(VERSION.to_le_bytes());
-    out.extend((meta.len() as u32).to_le_bytes());
-    out.extend((tensors.len() as u32).to_le_bytes());
-    out.extend(0u32.to_le_bytes());
+    let mut entries = Vec::new();
+    let mut n_meta = 0u32;
     for (k, v) in meta {
-        put_str(&mut out, k);
+        n_meta += 1;
+        put_str(&mut entries, k);
         match v {
             MetaValue::Int(x) => {
-                out.push(0);
-                out.extend(x.to_le_bytes());
+                entries.push(0);
+                entries.extend(x.to_le_bytes());
             }
             MetaValue::Float(x) => {
-                out.push(1);
-                out.extend(x.to_le_bytes());
+                entries.push(1);
+                entries.extend(x.to_le_bytes());
             }
             MetaValue::Str(s) => {
-                out.push(2);
-                put_str(&mut out, s);
+                entries.push(2);
+                put_str(&mut entries, s);
             }
             MetaValue::IntArray(a) => {
-                out.push(3);
-                out.extend((a.len() as u32).to_le_bytes());
-                a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                entries.push(3);
+                entries.extend((a.len() as u32).to_le_bytes());
+                a.iter().for_each(|x| entries.extend(x.to_le_bytes()));
             }
             MetaValue::FloatArray(a) => {
-                out.push(4);
-                out.extend((a.len() as u32).to_le_bytes());
-                a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                entries.push(4);
+                entries.extend((a.len() as u32).to_le_bytes());
+                a.iter().for_each(|x| entries.extend(x.to_le_bytes()));
             }
         }
     }
     let mut offset = 0u64;
     let mut offsets = Vec::new();
-    for (name, ttype, dims, data) in tensors {
-        put_str(&mut out, name);
-        out.extend((*ttype as u32).to_le_bytes());
-        out.extend((dims.len() as u32).to_le_bytes());
-        dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
-        out.extend(offset.to_le_bytes());
+    for (name, ttype, dims, len) in tensors {
+        put_str(&mut entries, name);
+        entries.extend((ttype as u32).to_le_bytes());
+        entries.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| entries.extend(d.to_le_bytes()));
+        entries.extend(offset.to_le_bytes());
         offsets.push(offset);
-        offset = (offset + data.len() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+        offset = (offset + len as u64).next_multiple_of(DATA_ALIGN);
     }
-    let data_start = (out.len() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
-    out.resize(data_start as usize, 0);
+    let mut out = Vec::with_capacity(24 + entries.len() + DATA_ALIGN as usize);
+    out.extend(MAGIC);
+    out.extend(VERSION.to_le_bytes());
+    out.extend(n_meta.to_le_bytes());
+    out.extend((offsets.len() as u32).to_le_bytes());
+    out.extend(0u32.to_le_bytes());
+    out.extend(entries);
+    out.resize(out.len().next_multiple_of(DATA_ALIGN as usize), 0);
+    (out, offsets)
+}
+
+/// Writes an `.mlb` image in memory, the last tensor ending the file (tests).
+#[cfg(test)]
+pub fn write_mlb(meta: &[(&str, MetaValue)], tensors: &[(&str, TensorType, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+    let (mut out, offsets) =
+        header(meta.iter().map(|(k, v)| (*k, v)), tensors.iter().map(|(n, t, d, data)| (*n, *t, &d[..], data.len())));
+    let data_start = out.len();
     for ((_, _, _, data), off) in tensors.iter().zip(offsets) {
-        out.resize((data_start + off) as usize, 0);
+        out.resize(data_start + off as usize, 0);
         out.extend(data);
     }
     out

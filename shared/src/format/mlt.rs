@@ -75,6 +75,8 @@ pub struct RawTokenizer {
     pub pad: Option<u32>,
     pub chat_template: String,
     pub tokens: Vec<String>,
+    /// SentencePiece scores (kept to write the file again; BPE ranks come from `merges`).
+    pub scores: Vec<f32>,
     pub types: Vec<u8>,
     /// (left, right) id pairs; rank = index.
     pub merges: Vec<(u32, u32)>,
@@ -133,10 +135,11 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
     let n_vocab = r.count(MAX_VOCAB, MIN_VOCAB_ENTRY, "n_vocab")?;
     let mut tokens = Vec::with_capacity(n_vocab);
     let mut types = Vec::with_capacity(n_vocab);
+    let mut scores = Vec::with_capacity(n_vocab);
     for i in 0..n_vocab {
         let what = format!("token {i}");
         tokens.push(r.str(MAX_TOKEN_LEN, &what)?.to_string());
-        let _score = r.f32(&what)?;
+        scores.push(r.f32(&what)?);
         let ty = r.u8(&what)?;
         if ty > TYPE_UNKNOWN {
             return Err(format!("{what} has unknown token type {ty}"));
@@ -170,6 +173,7 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
         pad: optional_id(pad, SPECIAL_NAMES[4], n_vocab)?,
         chat_template,
         tokens,
+        scores,
         types,
         merges,
     })
@@ -177,9 +181,9 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
 
 const SPECIAL_NAMES: [&str; 5] = ["bos_id", "eos_id", "eot_id", "unk_id", "pad_id"];
 
-/// Serialise a tokenizer description to `.mlt` bytes (used by the unit tests).
-#[cfg(test)]
-pub fn write(raw: &RawTokenizer, scores: Option<&[f32]>) -> Vec<u8> {
+/// A tokenizer as `.mlt` bytes: what `tools/convert_tokenizer.py` writes for
+/// the same description (a missing score is written as 0).
+pub fn write(raw: &RawTokenizer) -> Vec<u8> {
     fn string(out: &mut Vec<u8>, s: &[u8]) {
         out.extend_from_slice(&(s.len() as u32).to_le_bytes());
         out.extend_from_slice(s);
@@ -206,7 +210,7 @@ pub fn write(raw: &RawTokenizer, scores: Option<&[f32]>) -> Vec<u8> {
     out.extend_from_slice(&(raw.tokens.len() as u32).to_le_bytes());
     for (i, (t, ty)) in raw.tokens.iter().zip(&raw.types).enumerate() {
         string(&mut out, t.as_bytes());
-        let score = scores.map_or(0.0, |s| s[i]);
+        let score = raw.scores.get(i).copied().unwrap_or(0.0);
         out.extend_from_slice(&score.to_le_bytes());
         out.push(*ty);
     }

@@ -5,5 +5,6 @@
 //! allocation larger than the file.
 
 pub mod bytes;
+pub mod gguf;
 pub mod mlb;
 pub mod mlt;

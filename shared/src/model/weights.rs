@@ -191,7 +191,7 @@ impl Model {
 
     /// Borrow a stored matrix in its type. Alignment and size were checked at load.
     pub(super) fn mat<'a>(&'a self, m: &'a Matrix) -> MatRef<'a> {
-        let bytes = &self.file.bytes()[m.start..m.start + m.len];
+        let bytes = self.file.range(m.start, m.len);
         let data = match m.ttype {
             TensorType::F32 => WeightData::F32(cast::<f32>(bytes)),
             TensorType::F16 => WeightData::F16(cast::<f16>(bytes)),

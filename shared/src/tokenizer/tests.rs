@@ -31,6 +31,7 @@ fn byte_level_raw() -> RawTokenizer {
         unk: None,
         pad: None,
         chat_template: CHAT.into(),
+        scores: Vec::new(),
         tokens,
         types,
         merges,
@@ -61,6 +62,7 @@ fn spm_raw() -> RawTokenizer {
         unk: Some(0),
         pad: None,
         chat_template: String::new(),
+        scores: Vec::new(),
         tokens,
         types,
         merges,
@@ -68,7 +70,7 @@ fn spm_raw() -> RawTokenizer {
 }
 
 fn load(raw: &RawTokenizer) -> Tokenizer {
-    Tokenizer::from_bytes(&write(raw, None), "t.mlt").expect("valid file")
+    Tokenizer::from_bytes(&write(raw), "t.mlt").expect("valid file")
 }
 
 fn streamed(t: &Tokenizer, ids: &[u32]) -> Vec<u8> {
@@ -120,7 +122,7 @@ fn valid_files_load_from_disk() {
     let dir = std::env::temp_dir().join(format!("krafla_tok_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t.mlt");
-    std::fs::write(&path, write(&spm_raw(), None)).unwrap();
+    std::fs::write(&path, write(&spm_raw())).unwrap();
     assert!(Tokenizer::load(&path).is_ok());
     let err = Tokenizer::load(&dir.join("missing.mlt")).err().unwrap();
     assert!(err.starts_with(&format!("{}: cannot read", dir.join("missing.mlt").display())));
@@ -158,7 +160,7 @@ fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
 #[test]
 fn every_truncation_is_an_error() {
     for raw in [byte_level_raw(), spm_raw()] {
-        let full = write(&raw, None);
+        let full = write(&raw);
         for len in 0..full.len() {
             let e = Tokenizer::from_bytes(&full[..len], "cut.mlt").err();
             let e = e.unwrap_or_else(|| panic!("accepted a file cut at {len} bytes"));
@@ -170,7 +172,7 @@ fn every_truncation_is_an_error() {
 
 #[test]
 fn bad_header_fields() {
-    let good = write(&byte_level_raw(), None);
+    let good = write(&byte_level_raw());
     let patched = |at: usize, v: u32| {
         let mut b = good.clone();
         put_u32(&mut b, at, v);
@@ -191,7 +193,7 @@ fn bad_header_fields() {
 #[test]
 fn huge_counts_are_rejected_before_allocating() {
     let raw = byte_level_raw();
-    let good = write(&raw, None);
+    let good = write(&raw);
     let at = vocab_count_offset(&raw);
     for (count, needle) in [(u32::MAX, "exceeds the limit"), (MAX_VOCAB, "truncated")] {
         let mut b = good.clone();
@@ -220,14 +222,14 @@ fn bad_tables() {
     // Merge id out of range.
     let mut raw = byte_level_raw();
     raw.merges[1].1 = 10_000;
-    expect_err(&write(&raw, None), "merge 1 (");
+    expect_err(&write(&raw), "merge 1 (");
     // Merge whose concatenation is not a token.
     let mut raw = byte_level_raw();
     raw.merges[0] = (0, 1);
-    expect_err(&write(&raw, None), "not in the vocabulary");
+    expect_err(&write(&raw), "not in the vocabulary");
     // Invalid UTF-8 in a token: 'A' (1 byte) -> 0xFF.
     let raw = byte_level_raw();
-    let mut b = write(&raw, None);
+    let mut b = write(&raw);
     let before: usize = raw.tokens[..65].iter().map(|t| 4 + t.len() + 5).sum();
     let tok_a = at_first_token(&raw) + before + 4;
     assert_eq!(b[tok_a], b'A');
@@ -236,13 +238,13 @@ fn bad_tables() {
     // Unknown token type.
     let mut raw = byte_level_raw();
     raw.types[3] = 9;
-    expect_err(&write(&raw, None), "unknown token type 9");
+    expect_err(&write(&raw), "unknown token type 9");
     // A byte-type token that is not <0xNN>.
     let mut raw = spm_raw();
     raw.types[261] = TYPE_BYTE;
-    expect_err(&write(&raw, None), "is not <0xNN>");
+    expect_err(&write(&raw), "is not <0xNN>");
     // Trailing garbage.
-    let mut b = write(&spm_raw(), None);
+    let mut b = write(&spm_raw());
     b.push(0);
     expect_err(&b, "trailing");
 }
@@ -250,7 +252,7 @@ fn bad_tables() {
 #[test]
 fn garbage_never_panics() {
     // Deterministic pseudo-random mutations of a valid file.
-    let good = write(&spm_raw(), None);
+    let good = write(&spm_raw());
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..2000 {
         let mut b = good.clone();

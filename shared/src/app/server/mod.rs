@@ -115,14 +115,18 @@ fn run(args: ServerArgs) -> Result<(), String> {
     if args.read_timeout == 0 {
         return Err("--read-timeout must be at least 1 second".into());
     }
-    let tokenizer = args.run.load_tokenizer()?.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt)")?;
+    let started = std::time::Instant::now();
+    let (file, tokenizer) = args.run.open(Some(&args.model))?;
+    let file = file.ok_or("no model given")?;
+    let tokenizer = tokenizer.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt, or a GGUF model)")?;
     let template = args.run.template(Some(&tokenizer), true)?;
     let (pool, threads) = args.run.thread_pool()?;
-    let model = args.run.load_model(&args.model, Some(&tokenizer))?;
+    let model = pool.install(|| args.run.load_model(file, Some(&tokenizer)))?;
+    let load_secs = started.elapsed().as_secs_f64();
     let vocab_size = model.config.vocab_size;
     let ctx = args.run.ctx(&model)?;
     let state = args.run.state(&model, ctx)?;
-    let line = startup_line(&args.model, &model, threads, ctx, &state, args.run.kv);
+    let line = startup_line(&args.model, &model, load_secs, threads, ctx, &state, args.run.kv);
     let tokenizer = Arc::new(tokenizer);
     let generator = Generator::new(model, state, args.run.batch);
     let queue = Engine::new(generator, tokenizer.clone()).spawn(&pool, args.max_queue);

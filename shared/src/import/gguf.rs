@@ -1,0 +1,414 @@
+//! A GGUF model as an `.mlb` model in memory: the metadata read through the
+//! family table, the tensors of the types Krafla reads (F32, F16, Q8_0,
+//! Q4_0) left in the mapped file, the others converted on all threads. The
+//! rules are `tools/source_gguf.py`'s and `tools/convert.py`'s, step for
+//! step (metadata in the same order, tensors in the same order and types),
+//! so that `--save` writes the same bytes as the converter.
+
+use rayon::prelude::*;
+
+use super::dequant::dequantize;
+use super::families::{self, Family, FULL, SLIDING};
+use super::quantize::{quantize_q4_0, quantize_q8_0};
+use super::ConvertType;
+use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
+use crate::format::mlb::{made_base, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
+use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
+
+/// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("attn_norm", "attn_norm"),
+    ("attn_q", "attn_q"),
+    ("attn_k", "attn_k"),
+    ("attn_v", "attn_v"),
+    ("attn_output", "attn_o"),
+    ("attn_q_norm", "attn_q_norm"),
+    ("attn_k_norm", "attn_k_norm"),
+    ("ffn_norm", "ffn_norm"),
+    ("ffn_gate", "ffn_gate"),
+    ("ffn_up", "ffn_up"),
+    ("ffn_down", "ffn_down"),
+    ("post_attention_norm", "attn_post_norm"),
+    ("post_ffw_norm", "ffn_post_norm"),
+];
+
+/// Tensors every layer has, and the ones Gemma layers add.
+const REQUIRED: &[&str] = &[
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+];
+const REQUIRED_GEMMA: &[&str] = &["post_attention_norm.weight", "post_ffw_norm.weight"];
+
+/// Tensor kinds kept in Q8_0 by `q4_0` and `auto` (`convert.py`'s `Q4_0_Q8`).
+const Q8_KINDS: &[&str] = &["token_embd", "output"];
+
+/// The `.mlb` model of a GGUF file, converted by `ctype`'s rule.
+pub fn import_model(g: Gguf, ctype: ConvertType) -> Result<Mlb, String> {
+    let path = g.path.clone();
+    let (meta, heads) = metadata(&g, ctype).map_err(|e| format!("{path}: {e}"))?;
+    let plan = tensor_plan(&g, &heads).map_err(|e| format!("{path}: {e}"))?;
+    check_shapes(&heads, &plan).map_err(|e| format!("{path}: {e}"))?;
+
+    // Where each tensor goes: its bytes in the file, or converted into `made`.
+    let base = made_base(g.file_len());
+    let mut infos = Vec::with_capacity(plan.len());
+    let mut jobs = Vec::new();
+    let mut made_len = 0usize;
+    for (name, t) in &plan {
+        let dims: Vec<u64> = t.dims.iter().rev().copied().collect();
+        let ttype = choose_type(name, &dims, t.ty, ctype);
+        let kept = kept_type(t.ty) == Some(ttype);
+        let (start, len) = if kept {
+            (t.start, t.len)
+        } else {
+            let len = converted_len(ttype, &dims).ok_or_else(|| format!("{path}: tensor {name:?} is too large"))?;
+            let at = made_len;
+            made_len = (at + len).next_multiple_of(DATA_ALIGN as usize);
+            jobs.push((*t, ttype, at, len));
+            (base + at, len)
+        };
+        infos.push(TensorInfo { name: name.clone(), ttype, dims, start, len });
+    }
+
+    let mut made = Vec::new();
+    made.try_reserve_exact(made_len / 8).map_err(|_| format!("{path}: cannot allocate {made_len} bytes"))?;
+    made.resize(made_len / 8, 0u64);
+    let mut tasks = Vec::new();
+    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut made);
+    let mut pos = 0;
+    for &(t, ttype, at, len) in &jobs {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - pos);
+        let (out, tail) = tail.split_at_mut(len);
+        rest = tail;
+        pos = at + len;
+        let cols = t.dims[0] as usize;
+        let rows = len / row_len(ttype, cols);
+        let src = g.tensor_bytes(t);
+        let (src_row, out_row) = (src.len() / rows, len / rows);
+        // about 64 KiB of f32 a task
+        let chunk = (16384 / cols).max(1);
+        for (s, o) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)) {
+            tasks.push((t.ty, ttype, cols, s, o));
+        }
+    }
+    tasks.into_par_iter().for_each_init(Vec::new, |buf, (from, to, cols, src, out)| {
+        buf.resize(src.len() / from.block().1 * from.block().0, 0.0);
+        dequantize(from, src, buf);
+        encode(to, cols, buf, out);
+    });
+
+    Mlb::assemble(g.into_map(), made, meta, infos, path)
+}
+
+/// The hyperparameters the tensor table needs.
+struct Heads {
+    family: &'static Family,
+    n_layers: usize,
+    meta: Vec<(String, MetaValue)>,
+}
+
+impl Heads {
+    fn int(&self, key: &str) -> u64 {
+        match self.meta.iter().find(|(k, _)| k == key) {
+            Some((_, MetaValue::Int(v))) => *v as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// The `.mlb` metadata of a GGUF file, in `tools/source_gguf.py`'s order,
+/// then `convert.py`'s `convert_type` and `convert_q4_scale`.
+fn metadata(g: &Gguf, ctype: ConvertType) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
+    let ga = g
+        .get("general.architecture")
+        .ok_or("missing general.architecture")?
+        .as_str()
+        .ok_or("general.architecture is not a string")?;
+    let family = families::from_gguf(ga).ok_or_else(|| format!("unsupported architecture {ga:?}"))?;
+    let key = |k: &str| format!("{ga}.{k}");
+    let get = |k: &str| g.get(&key(k));
+    // an integer, or the first of an array of them (per-layer counts)
+    let int_of = |k: &str, v: Value| -> Result<u64, String> {
+        let v = match v {
+            Value::Array(a) => a.iter().next().ok_or_else(|| format!("{} is an empty array", key(k)))?,
+            v => v,
+        };
+        v.as_i64().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| format!("{} should be a count, not {v:?}", key(k)))
+    };
+    let int = |k: &str, default: Option<u64>| -> Result<u64, String> {
+        match get(k) {
+            Some(v) => int_of(k, v),
+            None => default.ok_or_else(|| format!("GGUF lacks {}", key(k))),
+        }
+    };
+    let float = |k: &str, default: f64| -> Result<f64, String> {
+        match get(k) {
+            Some(v) => v.as_f64().ok_or_else(|| format!("{} should be a number, not {v:?}", key(k))),
+            None => Ok(default),
+        }
+    };
+    let nonzero = |k: &str| -> Result<Option<f64>, String> { Ok(Some(float(k, 0.0)?).filter(|&v| v != 0.0)) };
+
+    let d = int("embedding_length", None)?;
+    let h = int("attention.head_count", None)?;
+    let l = int("block_count", None)?;
+    let hkv = int("attention.head_count_kv", Some(h))?;
+    if h == 0 || d == 0 {
+        return Err(format!("{} and {} must be positive", key("embedding_length"), key("attention.head_count")));
+    }
+    let hd = int("attention.key_length", Some(d / h))?;
+    let f = int("feed_forward_length", None)?;
+    let embd = g.tensor("token_embd.weight").ok_or("missing tensor token_embd.weight")?;
+    let v = match int("vocab_size", Some(0))? {
+        0 => *embd.dims.last().unwrap_or(&0),
+        v => v,
+    };
+    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
+    let mut meta: Vec<(String, MetaValue)> = vec![
+        ("arch".into(), MetaValue::Str(family.arch.into())),
+        ("vocab_size".into(), count(v)),
+        ("hidden_size".into(), count(d)),
+        ("n_layers".into(), count(l)),
+        ("n_heads".into(), count(h)),
+        ("n_kv_heads".into(), count(hkv)),
+        ("head_dim".into(), count(hd)),
+        ("ffn_dim".into(), count(f)),
+        ("context_length".into(), count(int("context_length", Some(2048))?)),
+        ("norm_eps".into(), MetaValue::Float(float("attention.layer_norm_rms_epsilon", 1e-5)?)),
+        ("rope_theta".into(), MetaValue::Float(float("rope.freq_base", 10000.0)?)),
+        ("rope_style".into(), MetaValue::Str(if family.qk_permuted { "interleaved" } else { "half" }.into())),
+    ];
+    if let Some(v) = get("rope.dimension_count") {
+        let rd = int_of("rope.dimension_count", v)?;
+        if rd != hd {
+            meta.push(("rope_dim".into(), count(rd)));
+        }
+    }
+    if get("rope.scaling.type").and_then(|v| v.as_str()) == Some("linear") {
+        if let Some(factor) = nonzero("rope.scaling.factor")? {
+            meta.push(("rope_scaling".into(), MetaValue::Str("linear".into())));
+            meta.push(("rope_scaling_factor".into(), MetaValue::Float(factor)));
+        }
+    }
+    if g.tensor("rope_freqs.weight").is_some() {
+        // llama3 scaling is baked into a rope_freqs tensor by llama.cpp; the
+        // original factors are not stored, so refuse rather than guess.
+        return Err("GGUF with rope_freqs (llama3 rope scaling) is not supported yet".into());
+    }
+    for (k, gk) in [("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")] {
+        if let Some(v) = g.get(gk) {
+            let id = v.as_i64().ok_or_else(|| format!("{gk} should be an integer, not {v:?}"))?;
+            meta.push((k.into(), MetaValue::Int(id)));
+        }
+    }
+    meta.extend(family.traits(d).into_iter().map(|(k, v)| (k.to_string(), v)));
+
+    // layer kinds: the file's own pattern if it has one, else the family's
+    let n_layers = usize::try_from(l).map_err(|_| format!("{} {l} is too large", key("block_count")))?;
+    let window = match get("attention.sliding_window") {
+        Some(v) => Some(int_of("attention.sliding_window", v)?),
+        None => None,
+    };
+    let kinds = match get("attention.sliding_window_pattern") {
+        Some(Value::Array(a)) => {
+            if a.len != n_layers {
+                return Err(format!("{} has {} entries, not {l}", key("attention.sliding_window_pattern"), a.len));
+            }
+            let slides = |v: Value| v.as_bool().or(v.as_i64().map(|i| i != 0)).unwrap_or(false);
+            Some(a.iter().map(|v| if slides(v) { SLIDING } else { FULL }).collect())
+        }
+        Some(v) => family.layer_kinds(n_layers, window, Some(int_of("attention.sliding_window_pattern", v)?)),
+        None => family.layer_kinds(n_layers, window, None),
+    };
+    if let Some(kinds) = kinds.filter(|k: &Vec<i64>| k.iter().any(|&k| k != FULL)) {
+        if let Some(w) = window.filter(|&w| w != 0) {
+            meta.push(("sliding_window".into(), count(w)));
+        }
+        meta.push(("layer_kinds".into(), MetaValue::IntArray(kinds)));
+    }
+    if family.softcaps {
+        if let Some(c) = nonzero("attn_logit_softcapping")? {
+            meta.push(("attn_softcap".into(), MetaValue::Float(c)));
+        }
+        if let Some(c) = nonzero("final_logit_softcapping")? {
+            meta.push(("final_softcap".into(), MetaValue::Float(c)));
+        }
+    }
+    if let Some(theta) = family.local_rope_theta {
+        meta.push(("rope_local_theta".into(), MetaValue::Float(theta)));
+    }
+    if family.gemma {
+        // llama.cpp: query_pre_attn_scalar = head_dim
+        meta.push(("query_scale".into(), MetaValue::Float(1.0 / (hd as f64).sqrt())));
+    }
+    let tied = g.tensor("output.weight").is_none();
+    meta.push(("tie_embeddings".into(), MetaValue::Int(tied as i64)));
+    meta.push(("convert_type".into(), MetaValue::Str(ctype.name().into())));
+    if ctype != ConvertType::Q8_0 {
+        meta.push(("convert_q4_scale".into(), MetaValue::Str("fit".into())));
+    }
+    let heads = Heads { family, n_layers, meta: meta.clone() };
+    Ok((meta, heads))
+}
+
+/// The tensors in `.mlb` order and names: `token_embd`, each layer's in
+/// the sorted order of their GGUF names, `output_norm`, `output`.
+fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor)>, String> {
+    let need = |name: &str| g.tensor(name).ok_or_else(|| format!("missing tensor {name}"));
+    let mut plan = vec![("token_embd".to_string(), need("token_embd.weight")?)];
+    let mut by_layer: Vec<Vec<(&str, &Tensor)>> = vec![Vec::new(); heads.n_layers.min(g.tensors.len())];
+    for t in &g.tensors {
+        let Some(rest) = t.name.strip_prefix("blk.") else { continue };
+        let Some((i, suffix)) = rest.split_once('.') else { continue };
+        // "blk.N." with N as Python's str(N) writes it: no sign, no leading zeros
+        if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Some(layer) = i.parse::<usize>().ok().and_then(|i| by_layer.get_mut(i)) {
+            layer.push((suffix, t));
+        }
+    }
+    if by_layer.len() < heads.n_layers {
+        return Err(format!("missing tensor blk.{}.attn_norm.weight", by_layer.len()));
+    }
+    let required = REQUIRED.iter().chain(if heads.family.gemma { REQUIRED_GEMMA } else { &[] });
+    for (i, mut names) in by_layer.into_iter().enumerate() {
+        for rq in required.clone() {
+            if !names.iter().any(|(n, _)| n == rq) {
+                return Err(format!("missing tensor blk.{i}.{rq}"));
+            }
+        }
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        for (n, t) in names {
+            let (base, kind) = n.rsplit_once('.').unwrap_or(("", n));
+            let mapped = LAYER_NAMES.iter().find(|(g, _)| *g == base).map(|(_, m)| m);
+            let (Some(mapped), "weight" | "bias") = (mapped, kind) else {
+                return Err(format!("unexpected tensor blk.{i}.{n:?} for arch {}", heads.family.gguf_arch));
+            };
+            let bias = if kind == "bias" { "_bias" } else { "" };
+            plan.push((format!("blk.{i}.{mapped}{bias}"), t));
+        }
+    }
+    plan.push(("output_norm".to_string(), need("output_norm.weight")?));
+    if let Some(t) = g.tensor("output.weight") {
+        plan.push(("output".to_string(), t));
+    }
+    Ok(plan)
+}
+
+/// A tensor's kind: its `.mlb` name without `blk.N.`.
+fn kind_of(name: &str) -> &str {
+    match name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+        Some((i, kind)) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => kind,
+        _ => name,
+    }
+}
+
+/// Every tensor has the shape the hyperparameters give it (`convert.py`'s
+/// `_check_shapes`).
+fn check_shapes(heads: &Heads, plan: &[(String, &Tensor)]) -> Result<(), String> {
+    let [d, v, f, h, hkv, hd] =
+        ["hidden_size", "vocab_size", "ffn_dim", "n_heads", "n_kv_heads", "head_dim"].map(|k| heads.int(k));
+    if hkv == 0 || h % hkv != 0 {
+        return Err(format!("n_heads {h} not a multiple of n_kv_heads {hkv}"));
+    }
+    let (q, kv, o) = (h.saturating_mul(hd), hkv.saturating_mul(hd), h.saturating_mul(hd));
+    for (name, t) in plan {
+        let expect: &[u64] = match kind_of(name) {
+            "token_embd" | "output" => &[v, d],
+            "output_norm" | "attn_norm" | "ffn_norm" | "attn_post_norm" | "ffn_post_norm" => &[d],
+            "attn_q" => &[q, d],
+            "attn_k" | "attn_v" => &[kv, d],
+            "attn_o" => &[d, o],
+            "attn_q_norm" | "attn_k_norm" => &[hd],
+            "attn_q_bias" => &[q],
+            "attn_k_bias" | "attn_v_bias" => &[kv],
+            "ffn_gate" | "ffn_up" => &[f, d],
+            "ffn_down" => &[d, f],
+            _ => continue,
+        };
+        let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+        if shape != expect {
+            return Err(format!("{name}: shape {shape:?}, expected {expect:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The `.mlb` type a GGUF type is used as, unchanged, if there is one.
+fn kept_type(ty: GgmlType) -> Option<TensorType> {
+    Some(match ty {
+        GgmlType::F32 => TensorType::F32,
+        GgmlType::F16 => TensorType::F16,
+        GgmlType::Q8_0 => TensorType::Q8_0,
+        GgmlType::Q4_0 => TensorType::Q4_0,
+        _ => return None,
+    })
+}
+
+/// The `.mlb` type of one tensor (`convert.py`'s `choose_type`): vectors in
+/// F32; the types Krafla reads as they are; BF16 in F32 (exact); rows that
+/// are not whole blocks in F16; then `q8_0` everything in Q8_0, `q4_0` and
+/// `auto` the embeddings and output in Q8_0 and the rest in Q4_0, except
+/// that `auto` keeps the types of 5 bits a weight or more in Q8_0.
+pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertType) -> TensorType {
+    let kind = kind_of(name);
+    if dims.len() != 2 || kind.ends_with("norm") || kind.ends_with("bias") || kind == "ssm_conv" {
+        return TensorType::F32;
+    }
+    if let Some(t) = kept_type(source) {
+        return t;
+    }
+    if source == GgmlType::BF16 {
+        return TensorType::F32;
+    }
+    if !dims[1].is_multiple_of(QK as u64) {
+        return TensorType::F16;
+    }
+    let wide = matches!(source, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q8K);
+    match ctype {
+        ConvertType::Q8_0 => TensorType::Q8_0,
+        _ if Q8_KINDS.contains(&kind) => TensorType::Q8_0,
+        ConvertType::Auto if wide => TensorType::Q8_0,
+        _ => TensorType::Q4_0,
+    }
+}
+
+/// Bytes of one row of `cols` elements of a type the loader converts to.
+fn row_len(ttype: TensorType, cols: usize) -> usize {
+    ttype.row_bytes(cols as u64).unwrap_or(0) as usize
+}
+
+/// Bytes of a converted tensor, if they fit in memory.
+fn converted_len(ttype: TensorType, dims: &[u64]) -> Option<usize> {
+    let (&cols, outer) = dims.split_last()?;
+    let size = outer.iter().try_fold(ttype.row_bytes(cols)?, |acc, &d| acc.checked_mul(d))?;
+    usize::try_from(size).ok().filter(|&s| s <= isize::MAX as usize / 2)
+}
+
+/// Rows of `cols` floats `x` encoded as `ttype` into `out`.
+fn encode(ttype: TensorType, cols: usize, x: &[f32], out: &mut [u8]) {
+    match ttype {
+        TensorType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        TensorType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
+        TensorType::Q8_0 => quantize_q8_0(x, bytemuck::cast_slice_mut::<u8, BlockQ8_0>(out)),
+        TensorType::Q4_0 => quantize_q4_0(x, bytemuck::cast_slice_mut::<u8, BlockQ4_0>(out)),
+        TensorType::Q8_0F32 | TensorType::Q4_0F32 => unreachable!("choose_type never picks f32 scales"),
+    }
+    debug_assert_eq!(x.len() % cols.max(1), 0);
+}

@@ -1,0 +1,281 @@
+//! The quantiser: float rows to Q8_0 blocks and to fitted Q4_0 blocks, by
+//! the rules of `tools/mlb.py` (docs/QUANT.md), operation for operation in
+//! f32, so that a GGUF file loaded here and the same file converted by
+//! `tools/convert.py` give the same bytes.
+//!
+//! * Q8_0: d = max|x| / 127, q = round-half-even(x · (1/d)), d stored as f16.
+//! * Q4_0 (fitted): the llama.cpp rule first (d0 = m / −8 for the signed
+//!   element of largest magnitude, q = clamp(⌊x · (1/d0) + 8.5⌋, 0, 15)),
+//!   then d = d0 · f for the 26 factors f of `fit_factors`, each with the
+//!   scale rounded to f16 as stored and q = 8 + round-half-even(x · (1/d))
+//!   clamped to 0..15; the lowest squared error wins, summed in f32
+//!   element by element, an earlier candidate on ties.
+
+use half::f16;
+
+use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
+
+/// `numpy.linspace(0.8, 1.3, 26, dtype=float32)`: computed in f64 as
+/// i · ((1.3 − 0.8) / 25) + 0.8, the last one 1.3, then rounded to f32.
+fn fit_factors() -> [f32; 26] {
+    let step = (1.3f64 - 0.8) / 25.0;
+    std::array::from_fn(|i| if i == 25 { 1.3f32 } else { (i as f64 * step + 0.8) as f32 })
+}
+
+/// A scale as an f16 field holds it.
+fn stored(d: f32) -> f32 {
+    f16::from_f32(d).to_f32()
+}
+
+/// 1/d, or 0 for a zero scale.
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// Q8_0 blocks of `x` (a multiple of 32 long).
+pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+    for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &v) in blk.qs.iter_mut().zip(b) {
+            *q = round_even(v * inv) as i8;
+        }
+        blk.d = f16::from_f32(d);
+    }
+}
+
+/// Number of fitted candidates, padded to whole vectors of lanes.
+const LANES: usize = 32;
+
+/// Rounds half to even, as `f32::round_ties_even`, in plain arithmetic
+/// that every build vectorises (SSE2 has no rounding instruction): below
+/// 2^23 adding and taking away 2^23 rounds in the current (nearest-even)
+/// mode; from 2^23 on every f32 is an integer already.
+#[inline(always)]
+fn round_even(x: f32) -> f32 {
+    let big = 8388608.0f32.copysign(x);
+    if x.abs() < 8388608.0 {
+        (x + big) - big
+    } else {
+        x
+    }
+}
+
+/// Fitted Q4_0 blocks of `x` (a multiple of 32 long). The 26 fitted
+/// candidates are evaluated side by side, one per lane, so that the
+/// compiler vectorises across candidates while each candidate's error is
+/// still summed element by element in order.
+pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
+    let factors = fit_factors();
+    for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let b: &[f32; QK] = b.try_into().expect("a block of 32");
+        // the llama.cpp rule: the signed element of largest magnitude on level −8
+        let mut m = b[0];
+        for &v in &b[1..] {
+            if v.abs() > m.abs() {
+                m = v;
+            }
+        }
+        let d0 = m / -8.0;
+        let inv0 = inverse(d0);
+        let mut best_q = [0u8; QK];
+        for (q, &v) in best_q.iter_mut().zip(b) {
+            *q = (v * inv0 + 8.5).floor().clamp(0.0, 15.0) as u8;
+        }
+        let mut best_d = stored(d0);
+        let best_e = squared_error(b, best_d, &best_q);
+
+        // the fitted candidates, lane c for factor c (lanes past 26 repeat the last)
+        let d: [f32; LANES] = std::array::from_fn(|c| stored(d0 * factors[c.min(factors.len() - 1)]));
+        let inv: [f32; LANES] = d.map(inverse);
+        let mut e = [0.0f32; LANES];
+        for &v in b {
+            for c in 0..LANES {
+                let q = code(v, inv[c]);
+                let r = v - d[c] * (q - 8.0);
+                e[c] += r * r;
+            }
+        }
+        let mut best = None;
+        let mut low = best_e;
+        for (c, &ec) in e.iter().enumerate().take(factors.len()) {
+            if ec < low {
+                (best, low) = (Some(c), ec);
+            }
+        }
+        if let Some(c) = best {
+            best_d = d[c];
+            for (q, &v) in best_q.iter_mut().zip(b) {
+                *q = code(v, inv[c]) as u8;
+            }
+        }
+        for j in 0..QK / 2 {
+            blk.qs[j] = best_q[j] | (best_q[j + QK / 2] << 4);
+        }
+        blk.d = f16::from_f32(best_d);
+    }
+}
+
+/// The Q4 code of `v` for the scale with inverse `inv`, as a float:
+/// round-half-even(v · inv) + 8 clamped to 0..15, NaN as 0 (what `as u8`
+/// makes of it).
+#[inline(always)]
+fn code(v: f32, inv: f32) -> f32 {
+    let q = (round_even(v * inv) + 8.0).clamp(0.0, 15.0);
+    if q.is_nan() {
+        0.0
+    } else {
+        q
+    }
+}
+
+/// Σ_j (x_j − d·(q_j − 8))² in f32, j in order.
+fn squared_error(b: &[f32; QK], d: f32, q: &[u8; QK]) -> f32 {
+    let mut e = 0.0f32;
+    for (&v, &q) in b.iter().zip(q) {
+        let r = v - d * (q as f32 - 8.0);
+        e += r * r;
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_even_is_round_ties_even() {
+        let mut vals = vec![0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 4194303.5, 4194304.5, 8388607.5, 8388608.0];
+        vals.extend([8388609.0, 1e30, -1e30, f32::MAX, f32::MIN_POSITIVE, 1e-45, f32::INFINITY, f32::NEG_INFINITY]);
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            vals.push(f32::from_bits(s as u32));
+            vals.push((s >> 40) as f32 / 64.0 - 131072.0);
+        }
+        for v in vals {
+            let (got, want) = (round_even(v), v.round_ties_even());
+            assert!(got == want || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
+        }
+    }
+
+    /// The candidates side by side pick what one candidate at a time picks.
+    #[test]
+    fn lanes_pick_what_a_plain_loop_picks() {
+        fn plain(b: &[f32; QK]) -> BlockQ4_0 {
+            let mut m = b[0];
+            b.iter().for_each(|&v| {
+                if v.abs() > m.abs() {
+                    m = v
+                }
+            });
+            let d0 = m / -8.0;
+            let mut best_q: [u8; QK] =
+                std::array::from_fn(|j| (b[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
+            let mut best_d = stored(d0);
+            let mut best_e = squared_error(b, best_d, &best_q);
+            for f in fit_factors() {
+                let d = stored(d0 * f);
+                let q: [u8; QK] =
+                    std::array::from_fn(|j| ((b[j] * inverse(d)).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8);
+                let e = squared_error(b, d, &q);
+                if e < best_e {
+                    (best_d, best_q, best_e) = (d, q, e);
+                }
+            }
+            let mut blk = BlockQ4_0 { d: f16::from_f32(best_d), ..Default::default() };
+            for j in 0..QK / 2 {
+                blk.qs[j] = best_q[j] | (best_q[j + QK / 2] << 4);
+            }
+            blk
+        }
+        let mut s = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for i in 0..20_000 {
+            let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4][i % 5];
+            let mut b: [f32; QK] = std::array::from_fn(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale);
+            match i % 7 {
+                0 => b[(next() % 32) as usize] = 0.0,
+                1 => b = [0.0; QK],
+                2 => b[(next() % 32) as usize] *= 40.0,
+                3 => b.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0 * scale),
+                4 => b[3] = f32::NAN,
+                5 => b[7] = f32::INFINITY,
+                _ => {}
+            }
+            let mut got = [BlockQ4_0::default()];
+            quantize_q4_0(&b, &mut got);
+            let want = plain(&b);
+            assert_eq!(bytemuck::bytes_of(&got[0]), bytemuck::bytes_of(&want), "block {i}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn factors_are_numpys() {
+        // numpy.linspace(0.8, 1.3, 26, dtype=float32), first, middle and last bits
+        let f = fit_factors();
+        assert_eq!(f[0].to_bits(), 0x3f4c_cccd);
+        assert_eq!(f[10].to_bits(), 0x3f80_0000);
+        assert_eq!(f[11].to_bits(), 0x3f82_8f5c);
+        assert_eq!(f[25].to_bits(), 0x3fa6_6666);
+    }
+
+    #[test]
+    fn quantised_blocks_are_close_and_never_worse_than_the_max_rule() {
+        let mut s = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let x: Vec<f32> = (0..64 * QK).map(|_| next() * 0.05).collect();
+        let mut q8 = vec![BlockQ8_0::default(); 64];
+        quantize_q8_0(&x, &mut q8);
+        let mut q4 = vec![BlockQ4_0::default(); 64];
+        quantize_q4_0(&x, &mut q4);
+        for (i, b) in x.chunks_exact(QK).enumerate() {
+            let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d8 = q8[i].d.to_f32();
+            for (j, &v) in b.iter().enumerate() {
+                assert!((v - d8 * q8[i].qs[j] as f32).abs() <= d8 * 0.51 + amax * 1e-3, "q8 block {i} elt {j}");
+            }
+            // the fitted scale's error is at most the max rule's (its first candidate)
+            let d4 = q4[i].d.to_f32();
+            let q: [u8; QK] = std::array::from_fn(|j| {
+                let byte = q4[i].qs[j % 16];
+                if j < 16 {
+                    byte & 15
+                } else {
+                    byte >> 4
+                }
+            });
+            let bb: &[f32; QK] = b.try_into().unwrap();
+            let mut m = bb[0];
+            bb.iter().for_each(|&v| {
+                if v.abs() > m.abs() {
+                    m = v
+                }
+            });
+            let d0 = m / -8.0;
+            let q0: [u8; QK] = std::array::from_fn(|j| (bb[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
+            assert!(squared_error(bb, d4, &q) <= squared_error(bb, stored(d0), &q0), "q4 block {i}");
+        }
+        // zero blocks: zero scales
+        let mut z4 = [BlockQ4_0::default()];
+        quantize_q4_0(&[0.0; QK], &mut z4);
+        assert_eq!(z4[0].d.to_f32(), 0.0);
+    }
+}

@@ -1,0 +1,314 @@
+//! GGUF import on small made-up files: the metadata and tensor order, which
+//! tensors stay in the file and which are converted, the conversion's
+//! accuracy, `save` round trips, the tokenizer, and hostile files (clean
+//! errors, never a panic).
+
+use std::sync::Arc;
+
+use super::dequant::dequantize;
+use super::gguf::import_model;
+use super::quantize::{quantize_q4_0, quantize_q8_0};
+use super::tokenizer::import_tokenizer;
+use super::ConvertType;
+use crate::format::gguf::{test_array, write_gguf, GgmlType, Gguf, Value};
+use crate::format::mlb::{MetaValue, Mlb, TensorType};
+use crate::model::{LoadOptions, LogitsFor, Model, State};
+use crate::quant::{BlockQ4_0, BlockQ8_0};
+
+const D: u64 = 256;
+const F: u64 = 512;
+const V: u64 = 40;
+const HD: u64 = 64;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Random Q4_1 blocks for `n` weights (small, finite scales).
+fn q4_1(rng: &mut Rng, n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n / 32 {
+        out.extend(half::f16::from_f32(0.002 + 0.001 * rng.unit()).to_le_bytes());
+        out.extend(half::f16::from_f32(-0.015 + 0.001 * rng.unit()).to_le_bytes());
+        out.extend((0..16).map(|_| rng.next() as u8));
+    }
+    out
+}
+
+/// Random Q6_K super-blocks for `n` weights.
+fn q6_k(rng: &mut Rng, n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n / 256 {
+        out.extend((0..192).map(|_| rng.next() as u8));
+        out.extend((0..16).map(|_| (rng.next() % 64) as u8));
+        out.extend(half::f16::from_f32(0.0005).to_le_bytes());
+    }
+    out
+}
+
+/// A one-layer llama GGUF: norms in F32, token_embd in Q6_K, attention in
+/// Q4_1, the feed-forward's gate in Q8_0 (kept), the rest Q4_1; its own
+/// byte-level tokenizer of V tokens.
+fn tiny_llama(extra_meta: &[(&str, Value)], drop: &[&str]) -> Vec<u8> {
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let ones: Vec<f32> = (0..D).map(|_| 1.0 + 0.1 * rng.unit()).collect();
+    let q8: Vec<u8> = (0..F * D / 32)
+        .flat_map(|_| {
+            let mut b = half::f16::from_f32(0.01).to_le_bytes().to_vec();
+            b.extend((0..32).map(|_| (rng.next() % 200) as u8));
+            b
+        })
+        .collect();
+    let mut tensors = vec![
+        ("token_embd.weight", GgmlType::Q6K, vec![D, V], q6_k(&mut rng, D * V)),
+        ("output_norm.weight", GgmlType::F32, vec![D], f32_bytes(&ones)),
+        ("blk.0.attn_norm.weight", GgmlType::F32, vec![D], f32_bytes(&ones)),
+        ("blk.0.attn_q.weight", GgmlType::Q4_1, vec![D, 4 * HD], q4_1(&mut rng, D * 4 * HD)),
+        ("blk.0.attn_k.weight", GgmlType::Q4_1, vec![D, 2 * HD], q4_1(&mut rng, D * 2 * HD)),
+        ("blk.0.attn_v.weight", GgmlType::Q4_1, vec![D, 2 * HD], q4_1(&mut rng, D * 2 * HD)),
+        ("blk.0.attn_output.weight", GgmlType::Q4_1, vec![4 * HD, D], q4_1(&mut rng, D * 4 * HD)),
+        ("blk.0.ffn_norm.weight", GgmlType::F32, vec![D], f32_bytes(&ones)),
+        ("blk.0.ffn_gate.weight", GgmlType::Q8_0, vec![D, F], q8),
+        ("blk.0.ffn_up.weight", GgmlType::Q4_1, vec![D, F], q4_1(&mut rng, D * F)),
+        ("blk.0.ffn_down.weight", GgmlType::Q4_1, vec![F, D], q4_1(&mut rng, D * F)),
+    ];
+    tensors.retain(|t| !drop.contains(&t.0));
+    let tokens: Vec<String> =
+        (0..V).map(|i| if i < 26 { ((b'a' + i as u8) as char).to_string() } else { format!("t{i}") }).collect();
+    let token_values: Vec<Value> = tokens.iter().map(|t| Value::Str(Box::leak(t.clone().into_boxed_str()))).collect();
+    let mut meta = vec![
+        ("general.architecture", Value::Str("llama")),
+        ("llama.embedding_length", Value::U32(D as u32)),
+        ("llama.block_count", Value::U32(1)),
+        ("llama.attention.head_count", Value::U32(4)),
+        ("llama.attention.head_count_kv", Value::U32(2)),
+        ("llama.feed_forward_length", Value::U32(F as u32)),
+        ("llama.context_length", Value::U32(64)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.rope.freq_base", Value::F32(10000.0)),
+        ("tokenizer.ggml.model", Value::Str("gpt2")),
+        ("tokenizer.ggml.pre", Value::Str("smollm")),
+        ("tokenizer.ggml.tokens", test_array(8, &token_values)),
+        ("tokenizer.ggml.merges", test_array(8, &[Value::Str("a b"), Value::Str("c d")])),
+        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
+    ];
+    for &(k, v) in extra_meta {
+        match meta.iter_mut().find(|(key, _)| *key == k) {
+            Some(entry) => entry.1 = v,
+            None => meta.push((k, v)),
+        }
+    }
+    write_gguf(&meta, &tensors)
+}
+
+fn import(bytes: Vec<u8>, ctype: ConvertType) -> Result<Mlb, String> {
+    import_model(Gguf::from_bytes(bytes, "t.gguf")?, ctype)
+}
+
+#[test]
+fn a_tiny_llama_imports_in_convert_py_order() {
+    let mlb = import(tiny_llama(&[], &[]), ConvertType::Q4_0).unwrap();
+    let keys: Vec<&str> = mlb.meta_in_order().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        [
+            "arch",
+            "vocab_size",
+            "hidden_size",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "ffn_dim",
+            "context_length",
+            "norm_eps",
+            "rope_theta",
+            "rope_style",
+            "bos_id",
+            "eos_id",
+            "tie_embeddings",
+            "convert_type",
+            "convert_q4_scale"
+        ]
+    );
+    assert_eq!(mlb.meta["rope_style"], MetaValue::Str("interleaved".into()));
+    assert_eq!(mlb.meta["norm_eps"], MetaValue::Float(f64::from(1e-5f32)));
+    let names: Vec<(&str, TensorType)> = mlb.tensors.iter().map(|t| (t.name.as_str(), t.ttype)).collect();
+    use TensorType::*;
+    assert_eq!(
+        names,
+        [
+            ("token_embd", Q8_0),
+            ("blk.0.attn_k", Q4_0),
+            ("blk.0.attn_norm", F32),
+            ("blk.0.attn_o", Q4_0),
+            ("blk.0.attn_q", Q4_0),
+            ("blk.0.attn_v", Q4_0),
+            ("blk.0.ffn_down", Q4_0),
+            ("blk.0.ffn_gate", Q8_0),
+            ("blk.0.ffn_norm", F32),
+            ("blk.0.ffn_up", Q4_0),
+            ("output_norm", F32),
+        ]
+    );
+    // kept tensors stay in the file; the others were made, 64-byte aligned
+    let g = Gguf::from_bytes(tiny_llama(&[], &[]), "t.gguf").unwrap();
+    let gate = g.tensor("blk.0.ffn_gate.weight").unwrap();
+    assert_eq!(mlb.tensor("blk.0.ffn_gate").unwrap().start, gate.start);
+    assert_eq!(mlb.tensor_bytes(mlb.tensor("blk.0.ffn_gate").unwrap()), g.tensor_bytes(gate));
+    assert!(mlb.tensor("blk.0.ffn_up").unwrap().start.is_multiple_of(64));
+    assert!(mlb.made_bytes() > 0);
+    // a made-from-GGUF model loads and runs
+    let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default()).unwrap();
+    let mut st = State::new(&model.config, 8).unwrap();
+    let logits = model.forward(&mut st, &[3, 4, 5], LogitsFor::Last).unwrap();
+    assert!(logits.len() == V as usize && logits.iter().all(|v| v.is_finite()));
+}
+
+/// A converted tensor is the quantiser's blocks of the dequantised source,
+/// and within half a Q8_0 step of it.
+#[test]
+fn converted_tensors_are_the_quantised_source() {
+    let bytes = tiny_llama(&[], &[]);
+    let g = Gguf::from_bytes(bytes.clone(), "t.gguf").unwrap();
+    let src = g.tensor("blk.0.ffn_up.weight").unwrap();
+    let mut x = vec![0.0f32; (D * F) as usize];
+    dequantize(src.ty, g.tensor_bytes(src), &mut x);
+    let mut q8 = vec![BlockQ8_0::default(); x.len() / 32];
+    quantize_q8_0(&x, &mut q8);
+    let mut q4 = vec![BlockQ4_0::default(); x.len() / 32];
+    quantize_q4_0(&x, &mut q4);
+    let made = |ctype| {
+        let mlb = import(bytes.clone(), ctype).unwrap();
+        mlb.tensor_bytes(mlb.tensor("blk.0.ffn_up").unwrap()).to_vec()
+    };
+    assert_eq!(made(ConvertType::Q8_0), bytemuck::cast_slice::<BlockQ8_0, u8>(&q8));
+    assert_eq!(made(ConvertType::Q4_0), bytemuck::cast_slice::<BlockQ4_0, u8>(&q4));
+    let mut back = vec![0.0f32; x.len()];
+    dequantize(GgmlType::Q8_0, &made(ConvertType::Q8_0), &mut back);
+    for (b, (w, g)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
+        let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (w, g) in w.iter().zip(g) {
+            // half a step, plus the f16 rounding of the scale (2^-11 relative, times 127 steps)
+            assert!((w - g).abs() <= amax / 127.0 * 0.5 + amax * 1e-3, "block {b}: {w} vs {g}");
+        }
+    }
+}
+
+#[test]
+fn save_writes_what_open_reads_back() {
+    let mlb = import(tiny_llama(&[], &[]), ConvertType::Auto).unwrap();
+    let dir = std::env::temp_dir().join(format!("krafla-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.mlb"), dir.join("b.mlb"));
+    mlb.save(&a).unwrap();
+    let back = Mlb::open(&a).unwrap();
+    assert_eq!(back.file_len(), mlb.file_len());
+    assert_eq!(back.meta_in_order().collect::<Vec<_>>(), mlb.meta_in_order().collect::<Vec<_>>());
+    for (x, y) in back.tensors.iter().zip(&mlb.tensors) {
+        assert_eq!((&x.name, x.ttype, &x.dims), (&y.name, y.ttype, &y.dims));
+        assert_eq!(back.tensor_bytes(x), mlb.tensor_bytes(y), "{}", x.name);
+    }
+    back.save(&b).unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(std::fs::read(&a).unwrap().len(), mlb.file_len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_tokenizer_comes_from_the_file() {
+    let g = Gguf::from_bytes(tiny_llama(&[], &[]), "t.gguf").unwrap();
+    let raw = import_tokenizer(&g).unwrap();
+    assert_eq!(raw.tokens.len(), V as usize);
+    assert_eq!((raw.bos, raw.eos, raw.eot), (Some(1), Some(2), Some(2)));
+    assert_eq!(raw.merges, [(0, 1), (2, 3)]);
+    assert_eq!(raw.chat_template, "");
+    let g = Gguf::from_bytes(
+        tiny_llama(&[("tokenizer.chat_template", Value::Str("{{ '<|im_start|>' + role }}"))], &[]),
+        "t.gguf",
+    )
+    .unwrap();
+    assert_eq!(import_tokenizer(&g).unwrap().chat_template, "chatml");
+    let g =
+        Gguf::from_bytes(tiny_llama(&[("tokenizer.ggml.pre", Value::Str("deepseek-coder"))], &[]), "t.gguf").unwrap();
+    let err = import_tokenizer(&g).unwrap_err();
+    assert!(err.contains("unsupported tokenizer: tokenizer.ggml.pre \"deepseek-coder\""), "{err}");
+}
+
+#[test]
+fn sentencepiece_merges_come_from_the_scores() {
+    // pieces: a b c ab bc abc; scores favour "bc" over "ab"; "abc" = ab+c or a+bc
+    let tokens = ["a", "b", "c", "ab", "bc", "abc"];
+    let values: Vec<Value> = tokens.iter().map(|t| Value::Str(t)).collect();
+    let scores: Vec<Value> = [-1.0f32, -1.0, -1.0, -3.0, -2.0, -4.0].iter().map(|&s| Value::F32(s)).collect();
+    let bytes = write_gguf(
+        &[
+            ("tokenizer.ggml.model", Value::Str("llama")),
+            ("tokenizer.ggml.tokens", test_array(8, &values)),
+            ("tokenizer.ggml.scores", test_array(6, &scores)),
+        ],
+        &[],
+    );
+    let raw = import_tokenizer(&Gguf::from_bytes(bytes, "s.gguf").unwrap()).unwrap();
+    // best score first: bc (−2) = b+c, ab (−3) = a+b, abc (−4) = a+bc, ab+c
+    assert_eq!(raw.merges, [(1, 2), (0, 1), (0, 4), (3, 2)]);
+}
+
+#[test]
+fn bad_models_are_clean_errors() {
+    let check = |bytes: Vec<u8>, needle: &str| {
+        let err = import(bytes, ConvertType::Auto).err().expect("accepted a bad model");
+        assert!(err.starts_with("t.gguf: ") && err.contains(needle), "error '{err}' lacks '{needle}'");
+    };
+    check(tiny_llama(&[], &["blk.0.ffn_up.weight"]), "missing tensor blk.0.ffn_up.weight");
+    check(tiny_llama(&[], &["token_embd.weight"]), "missing tensor token_embd.weight");
+    check(tiny_llama(&[("llama.block_count", Value::U64(1 << 40))], &[]), "");
+    check(tiny_llama(&[("llama.attention.head_count_kv", Value::U32(3))], &[]), "not a multiple");
+    check(tiny_llama(&[("llama.attention.head_count", Value::U32(0))], &[]), "must be positive");
+    check(tiny_llama(&[("llama.embedding_length", Value::Str("x"))], &[]), "should be a count");
+    check(tiny_llama(&[("llama.feed_forward_length", Value::U32(7))], &[]), "shape");
+    let mut other = tiny_llama(&[], &[]);
+    let at = other.windows(5).position(|w| w == b"llama").unwrap();
+    other[at..at + 5].copy_from_slice(b"bloom");
+    check(other, "unsupported architecture \"bloom\"");
+}
+
+/// Mutated files never panic the loader or the tokenizer import.
+#[test]
+fn mutations_never_panic() {
+    let good = tiny_llama(&[], &[]);
+    let mut rng = Rng(0x0bad_f00d_dead_beef);
+    // mutate the header (metadata and tensor table), where the structure is
+    let header = good.len() - (good.len() / 2);
+    for _ in 0..1500 {
+        let mut b = good.clone();
+        for _ in 0..1 + rng.next() % 3 {
+            let at = (rng.next() % header as u64) as usize;
+            match rng.next() % 3 {
+                0 => b[at] ^= 1 << (rng.next() % 8),
+                1 => b[at] = 0xff,
+                _ => b[at] = (rng.next() % 10) as u8,
+            }
+        }
+        if let Ok(g) = Gguf::from_bytes(b, "m.gguf") {
+            let _ = import_tokenizer(&g);
+            let _ = import_model(g, ConvertType::Q8_0);
+        }
+    }
+}

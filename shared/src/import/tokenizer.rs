@@ -1,0 +1,250 @@
+//! The tokenizer inside a GGUF file as an `.mlt` description: byte-level
+//! BPE (`tokenizer.ggml.model = gpt2`) with its `tokenizer.ggml.pre`
+//! pre-tokenizer, or SentencePiece BPE (`llama`) with merges derived from
+//! the piece scores; the chat template kind from `tokenizer.chat_template`;
+//! BOS, EOS and end-of-turn ids. `tools/convert_tokenizer.py` (`read_gguf`,
+//! `finish`) step for step, so that `--save-tokenizer` writes its bytes.
+
+use std::collections::HashMap;
+
+use crate::format::gguf::{Gguf, Value};
+use crate::format::mlt::{
+    ModelKind, PreTokenizer, RawTokenizer, FLAG_ADD_BOS, FLAG_ADD_EOS, FLAG_BYTE_FALLBACK, FLAG_IGNORE_MERGES,
+    FLAG_METASPACE, FLAG_NFC, FLAG_PREFIX_SPACE, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER,
+};
+
+/// llama.cpp `tokenizer.ggml.pre` names → pre-tokenizer (byte-level BPE).
+const PRE_NAMES: &[(&str, PreTokenizer)] = &[
+    ("gpt-2", PreTokenizer::Gpt2),
+    ("gpt2", PreTokenizer::Gpt2),
+    ("smollm", PreTokenizer::Gpt2),
+    ("olmo", PreTokenizer::Gpt2),
+    ("mpt", PreTokenizer::Gpt2),
+    ("llama3", PreTokenizer::Llama3),
+    ("llama-v3", PreTokenizer::Llama3),
+    ("llama-bpe", PreTokenizer::Llama3),
+    ("qwen2", PreTokenizer::Qwen2),
+];
+
+/// GGUF token type → `.mlt` token type (5, unused: HF marks these special).
+fn token_type(gguf: i64) -> u8 {
+    match gguf {
+        2 => TYPE_UNKNOWN,
+        3 | 5 => TYPE_CONTROL,
+        4 => TYPE_USER,
+        6 => TYPE_BYTE,
+        _ => TYPE_NORMAL,
+    }
+}
+
+/// Chat template kinds, the tokens that mark each in a vocabulary, and its
+/// end-of-turn token.
+const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
+    ("chatml", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
+    ("gemma", ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
+    ("llama3", ["<|start_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
+];
+
+/// The chat template family of a jinja source ("" if unknown).
+pub fn template_kind(jinja: &str) -> &'static str {
+    if jinja.contains("<|im_start|>") {
+        "chatml"
+    } else if jinja.contains("<start_of_turn>") {
+        "gemma"
+    } else if jinja.contains("<|start_header_id|>") {
+        "llama3"
+    } else if jinja.contains("[INST]") {
+        if jinja.contains("<<SYS>>") {
+            "llama2"
+        } else {
+            "mistral"
+        }
+    } else if jinja.contains("<|user|>") {
+        "zephyr"
+    } else {
+        ""
+    }
+}
+
+/// The GGUF file's tokenizer. Errors are one line naming the file.
+pub fn import_tokenizer(g: &Gguf) -> Result<RawTokenizer, String> {
+    read(g).map_err(|e| format!("{}: unsupported tokenizer: {e}", g.path))
+}
+
+fn read(g: &Gguf) -> Result<RawTokenizer, String> {
+    let (Some(model), Some(tokens)) = (g.get("tokenizer.ggml.model"), g.get("tokenizer.ggml.tokens")) else {
+        return Err("no tokenizer.ggml.model / tokenizer.ggml.tokens metadata".into());
+    };
+    let model = model.as_str().ok_or("tokenizer.ggml.model is not a string")?;
+    let tokens: Vec<String> = tokens
+        .as_array()
+        .and_then(|a| a.strings())
+        .ok_or("tokenizer.ggml.tokens is not an array of strings")?
+        .map(str::to_string)
+        .collect();
+    let n = tokens.len();
+    let numbers = |key: &str| -> Result<Option<Vec<Value>>, String> {
+        let Some(v) = g.get(key) else { return Ok(None) };
+        let a = v.as_array().ok_or_else(|| format!("{key} is not an array"))?;
+        if a.len == 0 {
+            return Ok(None);
+        }
+        if a.len != n {
+            return Err(format!("{key} has {} entries for {n} tokens", a.len));
+        }
+        Ok(Some(a.iter().collect()))
+    };
+    let mut types: Vec<u8> = match numbers("tokenizer.ggml.token_type")? {
+        Some(v) => v
+            .iter()
+            .map(|t| t.as_i64().map(token_type).ok_or("a token type is not an integer"))
+            .collect::<Result<_, _>>()?,
+        None => vec![TYPE_NORMAL; n],
+    };
+    let scores: Vec<f32> = match numbers("tokenizer.ggml.scores")? {
+        Some(v) => {
+            v.iter().map(|s| s.as_f64().map(|s| s as f32).ok_or("a score is not a number")).collect::<Result<_, _>>()?
+        }
+        None => vec![0.0; n],
+    };
+    let mut token_to_id: HashMap<&str, u32> = HashMap::with_capacity(n);
+    for (i, t) in tokens.iter().enumerate() {
+        token_to_id.entry(t).or_insert(i as u32);
+    }
+    let flag = |key: &str, default: bool| -> bool {
+        match g.get(key) {
+            Some(v) => v.as_bool().or(v.as_i64().map(|i| i != 0)).unwrap_or(true),
+            None => default,
+        }
+    };
+
+    let mut flags = 0;
+    let (kind, pretok, merges) = match model {
+        "gpt2" => {
+            let pre_name = match g.get("tokenizer.ggml.pre") {
+                Some(v) => v.as_str().ok_or("tokenizer.ggml.pre is not a string")?,
+                None => "gpt-2",
+            };
+            let pre = PRE_NAMES
+                .iter()
+                .find(|(name, _)| *name == pre_name)
+                .map(|&(_, p)| p)
+                .ok_or_else(|| format!("tokenizer.ggml.pre {pre_name:?}"))?;
+            // llama.cpp's Llama 3 tokenizer looks whole words up first (HF's
+            // ignore_merges); Qwen2's applies NFC.
+            flags |= match pre {
+                PreTokenizer::Llama3 => FLAG_IGNORE_MERGES,
+                PreTokenizer::Qwen2 => FLAG_NFC,
+                _ => 0,
+            };
+            let mut merges = Vec::new();
+            if let Some(v) = g.get("tokenizer.ggml.merges") {
+                let list =
+                    v.as_array().and_then(|a| a.strings()).ok_or("tokenizer.ggml.merges is not an array of strings")?;
+                for m in list {
+                    let (a, b) = m.split_once(' ').ok_or_else(|| format!("merge {m:?} is not two tokens"))?;
+                    match (token_to_id.get(a), token_to_id.get(b)) {
+                        (Some(&a), Some(&b)) => merges.push((a, b)),
+                        _ => return Err(format!("merge {m:?} uses a token not in the vocabulary")),
+                    }
+                }
+            }
+            if flag("tokenizer.ggml.add_space_prefix", false) {
+                flags |= FLAG_PREFIX_SPACE;
+            }
+            (ModelKind::ByteLevel, pre, merges)
+        }
+        "llama" => {
+            flags |= FLAG_BYTE_FALLBACK | FLAG_METASPACE;
+            if flag("tokenizer.ggml.add_space_prefix", true) {
+                flags |= FLAG_PREFIX_SPACE;
+            }
+            (ModelKind::SentencePiece, PreTokenizer::None, spm_merges_from_scores(&tokens, &scores, &types))
+        }
+        other => return Err(format!("tokenizer.ggml.model {other:?} (only gpt2 and llama)")),
+    };
+
+    let id = |key: &str| -> Option<u32> {
+        let v = g.get(key)?.as_i64()?;
+        (0..n as i64).contains(&v).then_some(v as u32)
+    };
+    let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
+    if flag("tokenizer.ggml.add_bos_token", model == "llama") && bos.is_some() {
+        flags |= FLAG_ADD_BOS;
+    }
+    if flag("tokenizer.ggml.add_eos_token", false) && eos.is_some() {
+        flags |= FLAG_ADD_EOS;
+    }
+    let jinja = match g.get("tokenizer.chat_template") {
+        Some(v) => v.as_str().ok_or("tokenizer.chat_template is not a string")?,
+        None => "",
+    };
+
+    // convert_tokenizer.py's finish: the template kind (from the vocabulary
+    // when the file has no template) and the end-of-turn id.
+    let mut chat = template_kind(jinja);
+    if chat.is_empty() && jinja.is_empty() {
+        chat = TEMPLATE_TOKENS
+            .iter()
+            .find(|(_, marks, _)| marks.iter().all(|t| token_to_id.contains_key(t)))
+            .map_or("", |(kind, _, _)| kind);
+    }
+    let eot = id("tokenizer.ggml.eot_token_id").or_else(|| {
+        let eot_token = TEMPLATE_TOKENS.iter().find(|(kind, _, _)| *kind == chat).map_or("", |(_, _, t)| t);
+        token_to_id.get(eot_token).copied().or(eos)
+    });
+    let unk = id("tokenizer.ggml.unknown_token_id");
+    if let Some(u) = unk {
+        if types[u as usize] == TYPE_NORMAL {
+            types[u as usize] = TYPE_UNKNOWN;
+        }
+    }
+    Ok(RawTokenizer {
+        kind,
+        pretok,
+        flags,
+        bos,
+        eos,
+        eot,
+        unk,
+        pad: id("tokenizer.ggml.padding_token_id"),
+        chat_template: chat.to_string(),
+        tokens,
+        scores,
+        types,
+        merges,
+    })
+}
+
+/// SentencePiece BPE as merges: every split of a normal or user piece into
+/// two such pieces, the better-scored piece first (then by id): Hugging
+/// Face's SentencePieceExtractor, as `convert_tokenizer.py` has it. A piece
+/// that occurs twice counts with its last id.
+fn spm_merges_from_scores(tokens: &[String], scores: &[f32], types: &[u8]) -> Vec<(u32, u32)> {
+    let mut mergeable: HashMap<&str, u32> = HashMap::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if matches!(types[i], TYPE_NORMAL | TYPE_USER) {
+            mergeable.insert(t, i as u32);
+        }
+    }
+    // (−score, id, left, right), the score made totally ordered (−0 as 0,
+    // NaN last) so that the sort is the same however the pieces are visited
+    let key = |i: u32| {
+        let s = -f64::from(scores[i as usize]);
+        if s.is_nan() {
+            f64::INFINITY
+        } else {
+            s + 0.0
+        }
+    };
+    let mut found = Vec::new();
+    for (&t, &i) in &mergeable {
+        for (k, _) in t.char_indices().skip(1) {
+            if let (Some(&a), Some(&b)) = (mergeable.get(&t[..k]), mergeable.get(&t[k..])) {
+                found.push((key(i), i, a, b));
+            }
+        }
+    }
+    found.sort_by(|x, y| x.0.total_cmp(&y.0).then((x.1, x.2, x.3).cmp(&(y.1, y.2, y.3))));
+    found.into_iter().map(|(_, _, a, b)| (a, b)).collect()
+}

@@ -1,0 +1,150 @@
+"""GGUF files run directly by the executables: the model and its tokenizer read from the file,
+the tensor types Krafla does not read converted at load by `--type`, `--save` and
+`--save-tokenizer` byte-identical to tools/convert.py and tools/convert_tokenizer.py, the real
+models' logits against transformers, and hostile files."""
+import filecmp
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, run_ml
+
+REAL = {name: json.loads((FIXTURES / "real" / f"{name}.json").read_text())
+        for name in ("smollm2-135m", "gemma3-270m")}
+
+
+@pytest.fixture(scope="module")
+def sources(smollm2_gguf, gemma3_gguf, smol, gem):
+    """name -> (GGUF path, get(kind): tools/convert.py's .mlb of that --type, or 'mlt':
+    tools/convert_tokenizer.py's .mlt, both from the GGUF)."""
+    return {"smollm2-135m": (smollm2_gguf, smol), "gemma3-270m": (gemma3_gguf, gem)}
+
+
+@pytest.mark.parametrize("name,qtype", [("smollm2-135m", "q8_0"), ("smollm2-135m", "q4_0"),
+                                        ("gemma3-270m", "q8_0"), ("gemma3-270m", "auto")])
+def test_save_is_byte_identical_to_the_converters(sources, name, qtype, tmp_path):
+    gguf, conv = sources[name]
+    mlb, mlt = tmp_path / "m.mlb", tmp_path / "t.mlt"
+    p = run_ml(gguf, "--type", qtype, "--save", mlb, "--save-tokenizer", mlt, "--prompt-ids", "1", "-n", "0")
+    assert "loaded in" in p.stderr, p.stderr
+    assert filecmp.cmp(mlb, conv(qtype), shallow=False), f"{name} --type {qtype}: --save differs from convert.py"
+    assert filecmp.cmp(mlt, conv("mlt"), shallow=False), f"{name}: --save-tokenizer differs from convert_tokenizer.py"
+
+
+def logits(model, ids, tmp_path, *extra):
+    out = tmp_path / "logits.f32"
+    run_ml(model, *extra, "--prompt-ids", ",".join(map(str, ids)), "--logits-out", out, "-n", "0")
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_q8_0_matches_transformers_top20(sources, name, tmp_path):
+    """--type q8_0 (everything the GGUF does not store in Q8_0/Q4_0/F16/F32 requantised to Q8_0):
+    the same argmax at every position and the top-20 logits within 1.0 (measured: 0.60 for
+    SmolLM2, 0.43 for Gemma 3; the f32 conversion is within 2e-2)."""
+    real = REAL[name]
+    got = logits(sources[name][0], real["input_ids"], tmp_path, "--type", "q8_0")
+    for pos, (top_ids, top_vals) in enumerate(zip(real["top20_ids"], real["top20_logits"], strict=True)):
+        diff = np.abs(got[pos, top_ids] - np.array(top_vals)).max()
+        assert diff <= 1.0, f"{name} position {pos}: top-20 logits differ by {diff:.3f}"
+        assert int(got[pos].argmax()) == top_ids[0], f"{name} position {pos}"
+
+
+@pytest.mark.parametrize("name,qtype", [("smollm2-135m", "q4_0"), ("gemma3-270m", None)])
+def test_direct_runs_like_the_converted_file(sources, name, qtype, tmp_path):
+    """A GGUF run directly (Gemma 3: the default --type, auto; SmolLM2: q4_0, which for its Q4_1
+    file is what auto does too) gives the logits and greedy tokens of convert.py's file of the
+    same --type, byte for byte, and its text prompt is tokenized by the GGUF's own tokenizer like
+    transformers does."""
+    real = REAL[name]
+    gguf, conv = sources[name]
+    opts = ["--type", qtype] if qtype else []
+    direct = logits(gguf, real["input_ids"], tmp_path, *opts)
+    converted = logits(conv(qtype or "auto"), real["input_ids"], tmp_path)
+    assert direct.tobytes() == converted.tobytes()
+    ids = ",".join(map(str, real["input_ids"]))
+    a = run_ml(gguf, *opts, "--prompt-ids", ids, "-n", "12", "--print-ids").stdout
+    b = run_ml(conv(qtype or "auto"), "--prompt-ids", ids, "-n", "12", "--print-ids").stdout
+    assert a == b
+    p = run_ml(gguf, "-p", real["prompt"], "--tokenize")
+    assert json.loads(p.stdout) == real["input_ids"]
+
+
+def test_chat_from_the_gguf_alone(smollm2_gguf):
+    """No -z, no --chat: the tokenizer and the chat template come from the GGUF."""
+    p = run_ml(smollm2_gguf, "-p", "What is the capital of France?", "--chat", "auto", "-n", "30")
+    assert "Paris" in p.stdout, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile files: one line, exit 2, no panic
+# ---------------------------------------------------------------------------------------------
+
+def tensor_table(data):
+    """(offset of the tensor table, offset of each tensor entry's type field) of a GGUF file."""
+    n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
+    pos = 24
+
+    def skip_value(t, pos):
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+        if t in sizes:
+            return pos + sizes[t]
+        if t == 8:
+            (n,) = struct.unpack_from("<Q", data, pos)
+            return pos + 8 + n
+        et, n = struct.unpack_from("<IQ", data, pos)
+        pos += 12
+        for _ in range(n):
+            pos = skip_value(et, pos)
+        return pos
+
+    for _ in range(n_kv):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8 + n
+        (t,) = struct.unpack_from("<I", data, pos)
+        pos = skip_value(t, pos + 4)
+    table, types = pos, []
+    for _ in range(n_tensors):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8 + n
+        (nd,) = struct.unpack_from("<I", data, pos)
+        pos += 4 + 8 * nd
+        types.append(pos)
+        pos += 4 + 8
+    return table, types
+
+
+def test_hostile_gguf_files(smollm2_gguf, tmp_path):
+    good = smollm2_gguf.read_bytes()
+    table, types = tensor_table(good)
+    cases = {
+        "truncated in the header": good[:table // 2],
+        "truncated in the data": good[:len(good) - 1000],
+        "huge tensor count": good[:8] + struct.pack("<Q", 1 << 62) + good[16:],
+        "huge metadata count": good[:16] + struct.pack("<Q", 1 << 62) + good[24:],
+        "huge key length": good[:24] + struct.pack("<Q", 1 << 60) + good[32:],
+        "unknown tensor type": good[:types[3]] + struct.pack("<I", 99) + good[types[3] + 4:],
+        "IQ type": good[:types[3]] + struct.pack("<I", 16) + good[types[3] + 4:],
+        "offset past the end": good[:types[3] + 4] + struct.pack("<Q", 1 << 40) + good[types[3] + 12:],
+        "misaligned offset": good[:types[3] + 4] + struct.pack("<Q", 3) + good[types[3] + 12:],
+        "overlapping tensors": good[:types[3] + 4] + good[types[2] + 4:types[2] + 12] + good[types[3] + 12:],
+        "shape overflow": good[:types[3] - 8] + struct.pack("<Q", 1 << 62) + good[types[3]:],
+        "bad version": good[:4] + struct.pack("<I", 7) + good[8:],
+    }
+    for what, data in cases.items():
+        path = tmp_path / "bad.gguf"
+        path.write_bytes(data)
+        p = run_ml(path, "-p", "hi", "-n", "1", check=False)
+        assert p.returncode == 2, f"{what}: exit {p.returncode}\n{p.stderr}"
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("krafla: "), f"{what}: {p.stderr!r}"
+        assert "panicked" not in p.stderr and "\x1b" not in p.stderr, f"{what}: {p.stderr!r}"
+
+
+def test_gguf_only_options(smol, tmp_path):
+    p = run_ml(smol("q8_0"), "-z", smol("mlt"), "--type", "q4_0", "-p", "hi", check=False)
+    assert p.returncode == 2 and "--type applies to GGUF models only" in p.stderr, p.stderr
+    p = run_ml(smol("q8_0"), "--save-tokenizer", tmp_path / "t.mlt", "-p", "hi", check=False)
+    assert p.returncode == 2 and "--save-tokenizer" in p.stderr, p.stderr
