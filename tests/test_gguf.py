@@ -5,11 +5,12 @@ models' logits against transformers, and hostile files."""
 import filecmp
 import json
 import struct
+import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_ml
+from conftest import FIXTURES, REPO, run_ml
 
 REAL = {name: json.loads((FIXTURES / "real" / f"{name}.json").read_text())
         for name in ("smollm2-135m", "gemma3-270m")}
@@ -76,6 +77,45 @@ def test_chat_from_the_gguf_alone(smollm2_gguf):
     """No -z, no --chat: the tokenizer and the chat template come from the GGUF."""
     p = run_ml(smollm2_gguf, "-p", "What is the capital of France?", "--chat", "auto", "-n", "30")
     assert "Paris" in p.stdout, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Dequantisation, type by type, against the gguf package
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dequantize_blocks():
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "krafla", "--example", "dequantize_blocks"],
+                   cwd=REPO, check=True, timeout=1800)
+    return REPO / "target" / "release" / "examples" / "dequantize_blocks"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the NaN and infinite scales
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"])
+def test_dequantisation_matches_the_gguf_package(name, dequantize_blocks, tmp_path):
+    """Random blocks (every bit pattern of the quants and the scales, so also infinite and NaN
+    scales, and all-zero and all-one blocks) give the gguf package's values bit for bit (Q8_K,
+    which the package cannot dequantise: d · q)."""
+    gguf = pytest.importorskip("gguf")
+    qt = gguf.GGMLQuantizationType[name]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(len(name) * 7919)
+    raw = rng.integers(0, 256, size=(300, nbytes), dtype=np.uint8)
+    raw[0], raw[1] = 0, 0xFF
+    if name == "Q8_K":
+        d = raw[:, :4].copy().view("<f4")
+        want = d * raw[:, 4:4 + 256].view(np.int8).astype(np.float32)
+    else:
+        want = np.asarray(gguf.quants.dequantize(raw.reshape(-1), qt), dtype=np.float32)
+    (tmp_path / "blocks").write_bytes(raw.tobytes())
+    subprocess.run([dequantize_blocks, str(int(qt)), tmp_path / "blocks", tmp_path / "out"], check=True)
+    got = np.fromfile(tmp_path / "out", dtype="<f4")
+    want = want.reshape(-1)
+    assert got.shape == want.shape
+    same = (got.view("<u4") == want.view("<u4")) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{name}: {np.count_nonzero(~same)} values differ, first at {np.argmin(same)}: " \
+        f"{got[np.argmin(same)]} vs {want[np.argmin(same)]}"
 
 
 # ---------------------------------------------------------------------------------------------
