@@ -33,6 +33,7 @@ def ml_bin() -> pathlib.Path:
 def run_ml(*args, check=True, timeout=600, **kw):
     """Run the inference executable; returns CompletedProcess (text mode)."""
     cmd = [str(ml_bin()), *map(str, args)]
+    kw.setdefault("stdin", subprocess.DEVNULL)  # without a prompt, a piped stdin would be read as one
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}\nstderr:\n{p.stderr}")

@@ -4,12 +4,13 @@
 //! `--tokenize`, `--print-ids`).
 
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
 
+use super::interactive;
 use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
 use crate::generate::{DecodeParams, Generator, Token};
@@ -30,9 +31,9 @@ pub struct Args {
     /// Read the prompt from a file.
     #[arg(short = 'f', long = "file")]
     pub prompt_file: Option<PathBuf>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
-    pub n_predict: usize,
+    /// Tokens to generate [default: 256; in the chat, until the answer ends].
+    #[arg(short = 'n', long = "n-predict")]
+    pub n_predict: Option<usize>,
     /// Temperature; 0 is greedy.
     #[arg(short = 'T', long = "temp", default_value_t = 0.0)]
     pub temperature: f32,
@@ -94,7 +95,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     let Some(args) = super::parse_args::<Args>(argv)? else { return Ok(()) };
     let started = Instant::now();
     let (file, tokenizer) = args.run.open(args.model.as_deref())?;
-    let text = prompt_text(&args, tokenizer.as_ref())?;
+    let text = if is_chat(&args) { None } else { prompt_text(&args, tokenizer.as_ref())? };
     if args.tokenize {
         let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z, or a GGUF model)")?;
         let ids = tok.encode(text.as_deref().unwrap_or(""), true);
@@ -106,13 +107,29 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     pool.install(|| run_model(&args, file, tokenizer, text, threads, started))
 }
 
-/// The prompt text (`-p` then `-f`), wrapped in the chat template when there is one.
+/// Whether this run is the interactive chat: no prompt given, no
+/// measurement or test mode, and a terminal on stdin.
+fn is_chat(args: &Args) -> bool {
+    let prompt_given = args.prompt.is_some() || args.prompt_file.is_some() || args.prompt_ids.is_some();
+    let other_mode = args.tokenize || args.bench || args.perplexity.is_some() || args.logits_out.is_some();
+    !prompt_given && !other_mode && std::io::stdin().is_terminal()
+}
+
+/// The prompt text (`-p` then `-f`; without either, what is piped to stdin
+/// when nothing else gives the input), wrapped in the chat template when
+/// there is one.
 fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<String>, String> {
     let mut text = args.prompt.clone();
     if let Some(path) = &args.prompt_file {
         let t =
             std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
         text = Some(text.map_or(t.clone(), |p| p + &t));
+    }
+    let other_input = args.prompt_ids.is_some() || args.bench || args.perplexity.is_some();
+    if text.is_none() && !other_input && !std::io::stdin().is_terminal() && args.model.is_some() {
+        let mut t = String::new();
+        std::io::stdin().read_to_string(&mut t).map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
+        text = Some(t);
     }
     Ok(match (args.run.template(tokenizer, false)?, text) {
         (Some(template), Some(t)) => Some(template.format_turn(args.run.system.as_deref(), &t)),
@@ -165,6 +182,19 @@ fn run_model(
         return Ok(());
     }
 
+    if is_chat(args) {
+        let tok = tokenizer.as_ref().ok_or("the chat needs a tokenizer (-z, or a GGUF model)")?;
+        let template = args.run.template(Some(tok), true)?.ok_or(
+            "the chat needs a chat template, and the tokenizer names none: pass --chat NAME (or -p for one answer)",
+        )?;
+        let ctx = args.run.ctx(&model)?;
+        let state = args.run.state(&model, ctx)?;
+        eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
+        let params = decode_params(args, tokenizer.as_ref());
+        let generator = Generator::new(model, state, args.run.batch);
+        return interactive::run(generator, tok, template, args.run.system.as_deref(), params, args.n_predict);
+    }
+
     let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
         (Some(ids), _, _) => ids.clone(),
         (None, Some(t), Some(tok)) => tok.encode(t, true),
@@ -196,23 +226,7 @@ fn run_model(
     }
 
     // ---- generation ----
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-    });
-    let params = DecodeParams {
-        max_tokens: args.n_predict,
-        sampler: SamplerConfig {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            seed,
-            ..Default::default()
-        },
-        stop_ids: tokenizer.as_ref().map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect()),
-        stop_strings: Vec::new(),
-    };
+    let params = decode_params(args, tokenizer.as_ref());
     let text_out = if args.print_ids { None } else { tokenizer.as_ref() };
     let mut out = std::io::stdout().lock();
     let t1 = Instant::now();
@@ -239,4 +253,26 @@ fn run_model(
         done.tokens.len() as f64 / gen_secs.max(1e-9)
     );
     Ok(())
+}
+
+/// Sampling and stopping from the command line: `-n` (default 256), the
+/// sampler options, and the tokenizer's end-of-sequence and end-of-turn ids.
+fn decode_params(args: &Args, tokenizer: Option<&Tokenizer>) -> DecodeParams {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
+    DecodeParams {
+        max_tokens: args.n_predict.unwrap_or(256),
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            seed,
+            ..Default::default()
+        },
+        stop_ids: tokenizer.map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect()),
+        stop_strings: Vec::new(),
+    }
 }

@@ -5,6 +5,7 @@
 //! they share. Nothing below `app` prints or exits.
 
 pub mod cli;
+pub mod interactive;
 pub mod measure;
 pub mod options;
 pub mod server;
