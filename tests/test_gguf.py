@@ -2,6 +2,7 @@
 the tensor types Krafla does not read converted at load by `--type`, `--save` and
 `--save-tokenizer` byte-identical to tools/convert.py and tools/convert_tokenizer.py, the real
 models' logits against transformers, and hostile files."""
+import base64
 import filecmp
 import json
 import struct
@@ -10,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, run_ml
+from conftest import FIXTURES, REPO, run_ml, run_tool
 
 REAL = {name: json.loads((FIXTURES / "real" / f"{name}.json").read_text())
         for name in ("smollm2-135m", "gemma3-270m")}
@@ -77,6 +78,96 @@ def test_chat_from_the_gguf_alone(smollm2_gguf):
     """No -z, no --chat: the tokenizer and the chat template come from the GGUF."""
     p = run_ml(smollm2_gguf, "-p", "What is the capital of France?", "--chat", "auto", "-n", "30")
     assert "Paris" in p.stdout, p.stdout + p.stderr
+
+
+def llama3_gguf_like_llama_cpp(fixture, path):
+    """The llama3-scaled HF fixture as llama.cpp's converter writes a Llama 3.1+ model: F32
+    tensors under GGUF names, Q/K rows reordered for interleaved RoPE, and the llama3 RoPE
+    scaling not as parameters but as a `rope_freqs` tensor of per-frequency divisors (what
+    every Llama 3.1 / 3.2 GGUF holds). A SentencePiece vocabulary of the model's size (the
+    test feeds token ids)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((fixture / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    w = load_file(fixture / "model.safetensors")
+    d, n_heads, n_kv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def interleave(m, heads):  # per head: rows (first half, second half) -> pairs side by side
+        return m.reshape(heads, 2, hd // 2, -1).swapaxes(1, 2).reshape(m.shape)
+
+    # the per-frequency divisors of llama3 scaling, written out from its definition
+    inv = 1.0 / rope["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float32) / hd)
+    old, lo, hi, factor = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                           rope["high_freq_factor"], rope["factor"])
+    wavelen = 2 * np.pi / inv
+    smooth = (old / wavelen - lo) / (hi - lo)
+    divisors = np.where(wavelen < old / hi, 1.0,
+                        np.where(wavelen > old / lo, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+
+    gw = gguf.GGUFWriter(str(path), "llama")
+    gw.add_block_count(cfg["num_hidden_layers"])
+    gw.add_context_length(cfg["max_position_embeddings"])
+    gw.add_embedding_length(d)
+    gw.add_feed_forward_length(cfg["intermediate_size"])
+    gw.add_head_count(n_heads)
+    gw.add_head_count_kv(n_kv)
+    gw.add_rope_freq_base(rope["rope_theta"])
+    gw.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    gw.add_rope_dimension_count(hd)
+    gw.add_vocab_size(cfg["vocab_size"])
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tokens += [f"\u2581t{i}" for i in range(cfg["vocab_size"] - len(tokens))]
+    gw.add_tokenizer_model("llama")
+    gw.add_token_list(tokens)
+    gw.add_token_scores([0.0] * len(tokens))
+    gw.add_token_types([2, 3, 3, *([6] * 256), *([1] * (len(tokens) - 259))])
+    gw.add_bos_token_id(cfg["bos_token_id"])
+    gw.add_eos_token_id(cfg["eos_token_id"])
+    gw.add_tensor("token_embd.weight", w["model.embed_tokens.weight"])
+    gw.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, g in names.items():
+            t = w[f"model.layers.{i}.{hf}.weight"]
+            if g in ("attn_q", "attn_k"):
+                t = interleave(t, n_heads if g == "attn_q" else n_kv)
+            gw.add_tensor(f"blk.{i}.{g}.weight", np.ascontiguousarray(t))
+    gw.add_tensor("output_norm.weight", w["model.norm.weight"])
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
+
+
+def test_llama3_rope_freqs_match_transformers(tmp_path):
+    """A GGUF with llama.cpp's rope_freqs tensor (Llama 3.1 / 3.2) runs directly with the logits
+    of transformers (the llama3-scaled fixture, whose short original context puts positions
+    past it), and convert.py writes from it what --save writes."""
+    fixture = FIXTURES / "hf-tiny" / "llama3-scaled"
+    ref = json.loads((fixture / "reference.json").read_text())
+    want = np.frombuffer(base64.b64decode(ref["logits_f32_le_base64"]), dtype="<f4").reshape(ref["logits_shape"])
+    gguf_path = tmp_path / "llama3.gguf"
+    llama3_gguf_like_llama_cpp(fixture, gguf_path)
+    got = logits(gguf_path, ref["input_ids"], tmp_path)
+    diff = np.abs(got - want).max()
+    assert diff <= 1e-3, f"llama3 rope_freqs: logits differ from transformers by {diff}"
+    # without the divisors the same file is clearly wrong: the test sees the scaling
+    mlb = tmp_path / "m.mlb"
+    run_ml(gguf_path, "--save", mlb, "--prompt-ids", "1", "-n", "0")
+    conv = tmp_path / "c.mlb"
+    run_tool("convert.py", gguf_path, "-o", conv, "--type", "auto")
+    assert filecmp.cmp(mlb, conv, shallow=False), "--save differs from convert.py on a rope_freqs GGUF"
+    unscaled = tmp_path / "unscaled.gguf"
+    data = bytearray(gguf_path.read_bytes())
+    at = data.find(b"rope_freqs.weight")
+    data[at:at + 10] = b"rope_fregs"  # the tensor is no longer the one llama.cpp reads
+    unscaled.write_bytes(data)
+    off = np.abs(logits(unscaled, ref["input_ids"], tmp_path) - want).max()
+    assert off > 1e-2, f"the fixture does not exercise the scaling ({off})"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ def _inv_freq(meta, rope_dim, local):
         inv = np.where(medium, smoothed, scaled)
     elif scaling not in ("none", None):
         raise ValueError(f"rope_scaling {scaling}")
+    if not local and "rope_freq_factors" in meta:  # llama.cpp's rope_freqs: a divisor per frequency
+        inv = inv / np.asarray(meta["rope_freq_factors"], dtype=np.float64)
     return inv
 
 

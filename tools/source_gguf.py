@@ -86,9 +86,12 @@ def load_gguf(path):
         meta["rope_scaling"] = "linear"
         meta["rope_scaling_factor"] = float(af("rope.scaling.factor"))
     if "rope_freqs.weight" in tinfo:
-        # llama3 scaling is baked into a rope_freqs tensor by llama.cpp; the
-        # original factors are not stored, so refuse rather than guess.
-        raise ConvertError("GGUF with rope_freqs (llama3 rope scaling) is not supported yet")
+        # llama.cpp's form of llama3 RoPE scaling: one divisor per frequency
+        t = tinfo["rope_freqs.weight"]
+        if t.tensor_type.name != "F32" or len(t.shape) != 1:
+            raise ConvertError(f"rope_freqs.weight should be a vector of F32, not {t.tensor_type.name} "
+                               f"{list(t.shape)}")
+        meta["rope_freq_factors"] = [float(v) for v in np.asarray(t.data, dtype=np.float32).reshape(-1)]
     for k, gk in (("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")):
         v = field(gk)
         if v is not None:

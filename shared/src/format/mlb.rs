@@ -317,6 +317,13 @@ impl Mlb {
             Some(_) => Err(format!("{}: metadata '{key}' should be an integer array", self.path)),
         }
     }
+    pub fn get_float_array(&self, key: &str) -> Result<Option<&[f64]>, String> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::FloatArray(v)) => Ok(Some(v)),
+            Some(_) => Err(format!("{}: metadata '{key}' should be a float array", self.path)),
+        }
+    }
     pub fn require_int(&self, key: &str) -> Result<i64, String> {
         self.get_int(key)?.ok_or_else(|| format!("{}: missing metadata '{key}'", self.path))
     }

@@ -197,10 +197,9 @@ fn metadata(g: &Gguf, ctype: ConvertType) -> Result<(Vec<(String, MetaValue)>, H
             meta.push(("rope_scaling_factor".into(), MetaValue::Float(factor)));
         }
     }
-    if g.tensor("rope_freqs.weight").is_some() {
-        // llama3 scaling is baked into a rope_freqs tensor by llama.cpp; the
-        // original factors are not stored, so refuse rather than guess.
-        return Err("GGUF with rope_freqs (llama3 rope scaling) is not supported yet".into());
+    if let Some(t) = g.tensor("rope_freqs.weight") {
+        // llama.cpp's form of llama3 RoPE scaling: one divisor per frequency
+        meta.push(("rope_freq_factors".into(), MetaValue::FloatArray(rope_freq_factors(g, t)?)));
     }
     for (k, gk) in [("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")] {
         if let Some(v) = g.get(gk) {
@@ -379,6 +378,15 @@ pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertTyp
         ConvertType::Auto if wide => TensorType::Q8_0,
         _ => TensorType::Q4_0,
     }
+}
+
+/// The values of llama.cpp's `rope_freqs` tensor (F32, one per rotated
+/// pair; the model's config checks the count against its RoPE width).
+fn rope_freq_factors(g: &Gguf, t: &Tensor) -> Result<Vec<f64>, String> {
+    if t.ty != GgmlType::F32 || t.dims.len() != 1 {
+        return Err(format!("rope_freqs.weight should be a vector of F32, not {:?} {:?}", t.ty, t.dims));
+    }
+    Ok(g.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect())
 }
 
 /// Bytes of one row of `cols` elements of a type the loader converts to.

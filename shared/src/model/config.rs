@@ -167,6 +167,19 @@ impl Config {
         if !(factor.is_finite() && factor > 0.0) {
             return Err(format!("{p}: rope_scaling_factor {factor} is not a positive number"));
         }
+        // llama.cpp's form of RoPE scaling (its rope_freqs tensor): each
+        // global frequency divided by its own factor
+        if let Some(factors) = f.get_float_array("rope_freq_factors")? {
+            if factors.len() != inv_freq_global.len() || !factors.iter().all(|v| v.is_finite() && *v > 0.0) {
+                return Err(format!(
+                    "{p}: rope_freq_factors should hold {} positive numbers, one per rotated pair",
+                    inv_freq_global.len()
+                ));
+            }
+            for (v, ff) in inv_freq_global.iter_mut().zip(factors) {
+                *v = (*v as f64 / ff) as f32;
+            }
+        }
 
         let per_layer = |key: &str, default: i64| -> Result<Vec<i64>, String> {
             match f.get_int_array(key)? {
@@ -271,6 +284,7 @@ fn llama3_scale(inv_freq: &mut [f32], factor: f64, low: f64, high: f64, original
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::MetaValue;
 
     #[test]
     fn llama3_scaling_matches_the_piecewise_rule() {
@@ -284,6 +298,41 @@ mod tests {
         // in between: never above the original, never below original/factor
         for (a, b) in inv.iter().zip(&orig) {
             assert!(*a <= *b && *a >= *b / 8.0 * 0.999_999);
+        }
+    }
+
+    fn config_with(extra: &[(&str, MetaValue)]) -> Result<Config, String> {
+        use crate::format::mlb::{write_mlb, Mlb};
+        let mut meta = vec![("arch", MetaValue::Str("llama".into()))];
+        for (k, v) in [
+            ("vocab_size", 8),
+            ("hidden_size", 64),
+            ("n_layers", 1),
+            ("n_heads", 4),
+            ("n_kv_heads", 4),
+            ("head_dim", 16),
+            ("ffn_dim", 64),
+            ("context_length", 64),
+        ] {
+            meta.push((k, MetaValue::Int(v)));
+        }
+        meta.push(("norm_eps", MetaValue::Float(1e-5)));
+        meta.extend(extra.iter().cloned());
+        Config::from_mlb(&Mlb::from_bytes(write_mlb(&meta, &[]), "c.mlb")?)
+    }
+
+    #[test]
+    fn rope_freq_factors_divide_the_global_frequencies() {
+        let plain = config_with(&[]).unwrap();
+        let factors: Vec<f64> = (0..8).map(|i| 1.0 + i as f64).collect();
+        let scaled = config_with(&[("rope_freq_factors", MetaValue::FloatArray(factors.clone()))]).unwrap();
+        for ((a, b), f) in scaled.inv_freq_global.iter().zip(&plain.inv_freq_global).zip(&factors) {
+            assert_eq!(*a, (*b as f64 / f) as f32);
+        }
+        assert_eq!(scaled.inv_freq_local, plain.inv_freq_local);
+        for bad in [vec![1.0; 7], vec![1.0; 9], vec![0.0; 8], vec![f64::NAN; 8], vec![-1.0; 8]] {
+            let err = config_with(&[("rope_freq_factors", MetaValue::FloatArray(bad))]).err().unwrap();
+            assert!(err.contains("rope_freq_factors should hold 8 positive numbers"), "{err}");
         }
     }
 }
