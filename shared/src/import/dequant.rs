@@ -114,27 +114,41 @@ fn block_values(ty: GgmlType, b: &[u8], o: &mut [f32]) {
         GgmlType::Q4K | GgmlType::Q5K => {
             let (d, dmin) = (h(b, 0), h(b, 2));
             let (sc, mn) = scale_min_k4(&b[4..16]);
-            let (qh, qs) = if ty == GgmlType::Q5K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
-            for (e, v) in o.iter_mut().enumerate() {
-                let k = e / 32;
-                let l = e % 32;
-                let (chunk, shift) = (k / 2, k % 2);
-                let mut q = (qs[chunk * 32 + l] >> (4 * shift)) & 15;
-                if let Some(qh) = qh {
-                    q |= ((qh[l] >> k) & 1) << 4;
+            let (qh, qs) = if ty == GgmlType::Q5K { (&b[16..48], &b[48..176]) } else { (&[0u8; 32][..], &b[16..144]) };
+            let qh: &[u8; 32] = qh.try_into().unwrap();
+            // eight sub-blocks of 32: sub-block k takes the low (k even) or
+            // high nibbles of qs[32·(k/2)..], and bit k of each qh byte
+            for (k, o) in o.chunks_exact_mut(32).enumerate() {
+                let (dl, ml) = (d * sc[k] as f32, dmin * mn[k] as f32);
+                let q4: &[u8; 32] = qs[32 * (k / 2)..32 * (k / 2) + 32].try_into().unwrap();
+                let shift = 4 * (k % 2);
+                for ((v, &lo), &hi) in o.iter_mut().zip(q4).zip(qh) {
+                    let q = ((lo >> shift) & 15) | (((hi >> k) & 1) << 4);
+                    *v = dl * q as f32 - ml;
                 }
-                *v = (d * sc[k] as f32) * q as f32 - dmin * mn[k] as f32;
             }
         }
         GgmlType::Q6K => {
             let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
             let d = h(b, 208);
-            for (e, v) in o.iter_mut().enumerate() {
-                let (half, rest) = (e / 128, e % 128);
-                let low = (ql[half * 64 + rest % 64] >> (4 * (rest / 64))) & 15;
-                let high = (qh[half * 32 + rest % 32] >> (2 * (rest / 32))) & 3;
-                let q = ((low | (high << 4)) as i8).wrapping_sub(32) as f32;
-                *v = (d * (scales[e / 16] as i8) as f32) * q;
+            // two halves of 128; in each, four runs of 32 (r): the low
+            // nibbles of ql[64·half + 32·(r % 2)..] (r < 2) or their high
+            // nibbles, and bits 2r, 2r+1 of qh[32·half..]; a scale per 16
+            for (half, o) in o.chunks_exact_mut(128).enumerate() {
+                let qh: &[u8; 32] = qh[32 * half..32 * half + 32].try_into().unwrap();
+                for (r, o) in o.chunks_exact_mut(32).enumerate() {
+                    let at = 64 * half + 32 * (r % 2);
+                    let ql: &[u8; 32] = ql[at..at + 32].try_into().unwrap();
+                    let shift = 4 * (r / 2);
+                    for (g, o) in o.chunks_exact_mut(16).enumerate() {
+                        let ds = d * (scales[8 * half + 2 * r + g] as i8) as f32;
+                        for l in 0..16 {
+                            let (lo, hi) = (ql[16 * g + l], qh[16 * g + l]);
+                            let q = ((lo >> shift) & 15) | (((hi >> (2 * r)) & 3) << 4);
+                            o[l] = ds * ((q as i8).wrapping_sub(32) as f32);
+                        }
+                    }
+                }
             }
         }
         GgmlType::Q8K => {

@@ -39,14 +39,46 @@ fn inverse(d: f32) -> f32 {
 /// Q8_0 blocks of `x` (a multiple of 32 long).
 pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
     for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let b: &[f32; QK] = b.try_into().expect("a block of 32");
+        // the largest magnitude, in eight lanes (a maximum is exact, so the
+        // order does not matter; a NaN compares false and is passed over,
+        // as f32::max does)
+        let mut lanes = [0.0f32; 8];
+        for c in b.chunks_exact(8) {
+            for (m, &v) in lanes.iter_mut().zip(c) {
+                *m = if v.abs() > *m { v.abs() } else { *m };
+            }
+        }
+        let amax = lanes.iter().fold(0.0f32, |m, &v| if v > m { v } else { m });
         let d = amax / 127.0;
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        for (q, &v) in blk.qs.iter_mut().zip(b) {
-            *q = round_even(v * inv) as i8;
+        let mut q = [0.0f32; QK];
+        for (q, &v) in q.iter_mut().zip(b) {
+            *q = round_even(v * inv);
+        }
+        for (o, &v) in blk.qs.iter_mut().zip(&q) {
+            *o = to_i8(v);
         }
         blk.d = f16::from_f32(d);
     }
+}
+
+/// `v as i8` for a whole number `v` (NaN to 0, saturating outside
+/// -128..=127) in operations every build vectorises: once clamped, v +
+/// 1.5·2^23 is exact and holds v in the low byte of its bits.
+#[inline(always)]
+fn to_i8(v: f32) -> i8 {
+    #[allow(clippy::eq_op)] // v == v: false for NaN only
+    let c = if v >= 127.0 {
+        127.0
+    } else if v <= -128.0 {
+        -128.0
+    } else if v == v {
+        v
+    } else {
+        0.0
+    };
+    (c + 12582912.0).to_bits() as u8 as i8
 }
 
 /// Number of fitted candidates, padded to whole vectors of lanes.
@@ -63,6 +95,18 @@ fn round_even(x: f32) -> f32 {
         (x + big) - big
     } else {
         x
+    }
+}
+
+/// `x.floor()` but for the sign of a zero result, in operations every
+/// build vectorises (SSE2 has no floor instruction).
+#[inline(always)]
+fn floor(x: f32) -> f32 {
+    let r = round_even(x);
+    if r > x {
+        r - 1.0
+    } else {
+        r
     }
 }
 
@@ -85,20 +129,34 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
         let inv0 = inverse(d0);
         let mut best_q = [0u8; QK];
         for (q, &v) in best_q.iter_mut().zip(b) {
-            *q = (v * inv0 + 8.5).floor().clamp(0.0, 15.0) as u8;
+            *q = code_to_u8(floor(v * inv0 + 8.5).clamp(0.0, 15.0));
         }
         let mut best_d = stored(d0);
         let best_e = squared_error(b, best_d, &best_q);
 
         // the fitted candidates, lane c for factor c (lanes past 26 repeat the last)
         let d: [f32; LANES] = std::array::from_fn(|c| stored(d0 * factors[c.min(factors.len() - 1)]));
-        let inv: [f32; LANES] = d.map(inverse);
+        let inv: [f32; LANES] = std::array::from_fn(|c| inverse(d[c]));
         let mut e = [0.0f32; LANES];
-        for &v in b {
-            for c in 0..LANES {
-                let q = code(v, inv[c]);
-                let r = v - d[c] * (q - 8.0);
-                e[c] += r * r;
+        // Every |v · inv| below 2^22 (a finite block: always): the same
+        // codes in fewer operations, as q − 8 = clamp(round(v · inv), −8, 7)
+        // rounded by adding and taking away 1.5·2^23 (exact there, and no NaN).
+        let small = b.iter().all(|v| v.is_finite()) && inv.iter().all(|i| m.abs() * i.abs() < 4194304.0);
+        if small {
+            for &v in b {
+                for c in 0..LANES {
+                    let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
+                    let r = v - d[c] * q;
+                    e[c] += r * r;
+                }
+            }
+        } else {
+            for &v in b {
+                for c in 0..LANES {
+                    let q = code(v, inv[c]);
+                    let r = v - d[c] * (q - 8.0);
+                    e[c] += r * r;
+                }
             }
         }
         let mut best = None;
@@ -111,7 +169,7 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
         if let Some(c) = best {
             best_d = d[c];
             for (q, &v) in best_q.iter_mut().zip(b) {
-                *q = code(v, inv[c]) as u8;
+                *q = code_to_u8(code(v, inv[c]));
             }
         }
         for j in 0..QK / 2 {
@@ -132,6 +190,15 @@ fn code(v: f32, inv: f32) -> f32 {
     } else {
         q
     }
+}
+
+/// `q as u8` for a code: a whole number in 0..=15, or NaN (0), in
+/// operations every build vectorises (see `to_i8`).
+#[inline(always)]
+fn code_to_u8(q: f32) -> u8 {
+    #[allow(clippy::eq_op)] // q == q: false for NaN only
+    let q = if q == q { q } else { 0.0 };
+    (q + 12582912.0).to_bits() as u8
 }
 
 /// Σ_j (x_j − d·(q_j − 8))² in f32, j in order.
@@ -163,6 +230,70 @@ mod tests {
         for v in vals {
             let (got, want) = (round_even(v), v.round_ties_even());
             assert!(got == want || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
+        }
+    }
+
+    #[test]
+    fn floor_is_floor() {
+        let mut vals = vec![0.5f32, -0.5, 1.5, -1.5, 8.5, -8.5, 0.49999997, -0.49999997, 8388607.5, -8388607.5];
+        vals.extend([8388608.0, 1e30, -1e30, f32::MIN_POSITIVE, -1e-45, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            vals.push(f32::from_bits(s as u32));
+            vals.push((s >> 40) as f32 / 64.0 - 131072.0);
+        }
+        for v in vals {
+            let (got, want) = (floor(v), v.floor());
+            assert!(got == want || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
+        }
+    }
+
+    #[test]
+    fn to_i8_is_as_i8_on_whole_numbers() {
+        let mut vals = vec![0.0f32, -0.0, 127.0, 128.0, -128.0, -129.0, 1e30, -1e30, f32::NAN, f32::INFINITY];
+        vals.extend([f32::NEG_INFINITY, 8388608.0, -8388608.0, 4194304.0, 3e9]);
+        vals.extend((-300..300).map(|i| i as f32));
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            vals.push(f32::from_bits(s as u32).round_ties_even());
+        }
+        for v in vals {
+            assert_eq!(to_i8(v), v as i8, "{v:e}");
+        }
+    }
+
+    /// Q8_0 blocks as llama.cpp's reference rule makes them, in a plain
+    /// loop (f32::max, round_ties_even, `as i8`), on random blocks with
+    /// extreme and non-finite values mixed in.
+    #[test]
+    fn q8_0_is_the_plain_rule() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut x = Vec::new();
+        for i in 0..QK * 4096 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            x.push(match i % 97 {
+                0 => f32::from_bits(s as u32),
+                1 if i % 3 == 0 => f32::INFINITY,
+                _ => ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * (1 << (i / QK % 20)) as f32,
+            });
+        }
+        let mut got = vec![BlockQ8_0 { d: f16::ZERO, qs: [0; QK] }; x.len() / QK];
+        quantize_q8_0(&x, &mut got);
+        for (b, g) in x.chunks_exact(QK).zip(&got) {
+            let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let qs: Vec<i8> = b.iter().map(|v| (v * inv).round_ties_even() as i8).collect();
+            assert_eq!(g.d.to_bits(), f16::from_f32(d).to_bits());
+            assert_eq!(&g.qs[..], &qs[..], "{b:?}");
         }
     }
 
@@ -204,7 +335,7 @@ mod tests {
             s
         };
         for i in 0..20_000 {
-            let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4][i % 5];
+            let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4, 1e-30, 1e30, 1e-7][i % 8];
             let mut b: [f32; QK] = std::array::from_fn(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale);
             match i % 7 {
                 0 => b[(next() % 32) as usize] = 0.0,
