@@ -24,4 +24,6 @@ pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod sampler;
+#[cfg(test)]
+mod test_rng;
 pub mod tokenizer;

@@ -615,6 +615,7 @@ pub fn write_gguf(meta: &[(&str, Value)], tensors: &[(&str, GgmlType, Vec<u64>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
 
     fn sample() -> Vec<u8> {
         write_gguf(
@@ -699,22 +700,16 @@ mod tests {
     #[test]
     fn mutations_never_panic() {
         let good = sample();
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..20_000 {
             let mut b = good.clone();
-            for _ in 0..1 + next() % 4 {
-                let at = (next() % b.len() as u64) as usize;
-                match next() % 3 {
-                    0 => b[at] ^= 1 << (next() % 8),
+            for _ in 0..1 + rng.next() % 4 {
+                let at = (rng.next() % b.len() as u64) as usize;
+                match rng.next() % 3 {
+                    0 => b[at] ^= 1 << (rng.next() % 8),
                     1 => b[at] = 0xff,
                     _ => {
-                        let v = next().to_le_bytes();
+                        let v = rng.next().to_le_bytes();
                         let n = (b.len() - at).min(8);
                         b[at..at + n].copy_from_slice(&v[..n]);
                     }

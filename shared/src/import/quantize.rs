@@ -214,41 +214,34 @@ fn squared_error(b: &[f32; QK], d: f32, q: &[u8; QK]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
 
-    #[test]
-    fn round_even_is_round_ties_even() {
-        let mut vals = vec![0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 4194303.5, 4194304.5, 8388607.5, 8388608.0];
-        vals.extend([8388609.0, 1e30, -1e30, f32::MAX, f32::MIN_POSITIVE, 1e-45, f32::INFINITY, f32::NEG_INFINITY]);
-        let mut s = 0x2545_f491_4f6c_dd1du64;
+    /// `got` equals `want` (or both are NaN) on halves, the edges of the
+    /// 2^23 trick, extremes, and random bit patterns and fractions.
+    fn same_as(got: fn(f32) -> f32, want: fn(f32) -> f32) {
+        let mut vals = vec![0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 8.5, -8.5, 0.49999997, -0.49999997, 4194303.5];
+        vals.extend([4194304.5, 8388607.5, -8388607.5, 8388608.0, 8388609.0, 1e30, -1e30, f32::MAX, f32::MIN_POSITIVE]);
+        vals.extend([1e-45, -1e-45, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         for _ in 0..100_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = rng.next();
             vals.push(f32::from_bits(s as u32));
             vals.push((s >> 40) as f32 / 64.0 - 131072.0);
         }
         for v in vals {
-            let (got, want) = (round_even(v), v.round_ties_even());
-            assert!(got == want || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
+            let (g, w) = (got(v), want(v));
+            assert!(g == w || (g.is_nan() && w.is_nan()), "{v:e}: {g:e} vs {w:e}");
         }
     }
 
     #[test]
+    fn round_even_is_round_ties_even() {
+        same_as(round_even, f32::round_ties_even);
+    }
+
+    #[test]
     fn floor_is_floor() {
-        let mut vals = vec![0.5f32, -0.5, 1.5, -1.5, 8.5, -8.5, 0.49999997, -0.49999997, 8388607.5, -8388607.5];
-        vals.extend([8388608.0, 1e30, -1e30, f32::MIN_POSITIVE, -1e-45, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..100_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            vals.push(f32::from_bits(s as u32));
-            vals.push((s >> 40) as f32 / 64.0 - 131072.0);
-        }
-        for v in vals {
-            let (got, want) = (floor(v), v.floor());
-            assert!(got == want || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
-        }
+        same_as(floor, f32::floor);
     }
 
     #[test]
@@ -256,12 +249,9 @@ mod tests {
         let mut vals = vec![0.0f32, -0.0, 127.0, 128.0, -128.0, -129.0, 1e30, -1e30, f32::NAN, f32::INFINITY];
         vals.extend([f32::NEG_INFINITY, 8388608.0, -8388608.0, 4194304.0, 3e9]);
         vals.extend((-300..300).map(|i| i as f32));
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..100_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            vals.push(f32::from_bits(s as u32).round_ties_even());
+            vals.push(f32::from_bits(rng.next() as u32).round_ties_even());
         }
         for v in vals {
             assert_eq!(to_i8(v), v as i8, "{v:e}");
@@ -273,12 +263,10 @@ mod tests {
     /// extreme and non-finite values mixed in.
     #[test]
     fn q8_0_is_the_plain_rule() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         let mut x = Vec::new();
         for i in 0..QK * 4096 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = rng.next();
             x.push(match i % 97 {
                 0 => f32::from_bits(s as u32),
                 1 if i % 3 == 0 => f32::INFINITY,
@@ -327,20 +315,14 @@ mod tests {
             }
             blk
         }
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rng = Rng(0x1234_5678_9abc_def0);
         for i in 0..20_000 {
             let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4, 1e-30, 1e30, 1e-7][i % 8];
-            let mut b: [f32; QK] = std::array::from_fn(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale);
+            let mut b: [f32; QK] = std::array::from_fn(|_| rng.f32() * scale);
             match i % 7 {
-                0 => b[(next() % 32) as usize] = 0.0,
+                0 => b[(rng.next() % 32) as usize] = 0.0,
                 1 => b = [0.0; QK],
-                2 => b[(next() % 32) as usize] *= 40.0,
+                2 => b[(rng.next() % 32) as usize] *= 40.0,
                 3 => b.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0 * scale),
                 4 => b[3] = f32::NAN,
                 5 => b[7] = f32::INFINITY,
@@ -365,14 +347,7 @@ mod tests {
 
     #[test]
     fn quantised_blocks_are_close_and_never_worse_than_the_max_rule() {
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
-        let x: Vec<f32> = (0..64 * QK).map(|_| next() * 0.05).collect();
+        let x: Vec<f32> = Rng(0x1234_5678_9abc_def0).vec(64 * QK).iter().map(|v| v * 0.05).collect();
         let mut q8 = vec![BlockQ8_0::default(); 64];
         quantize_q8_0(&x, &mut q8);
         let mut q4 = vec![BlockQ4_0::default(); 64];

@@ -14,26 +14,12 @@ use crate::format::gguf::{test_array, write_gguf, GgmlType, Gguf, Value};
 use crate::format::mlb::{MetaValue, Mlb, TensorType};
 use crate::model::{LoadOptions, LogitsFor, Model, State};
 use crate::quant::{BlockQ4_0, BlockQ8_0};
+use crate::test_rng::Rng;
 
 const D: u64 = 256;
 const F: u64 = 512;
 const V: u64 = 40;
 const HD: u64 = 64;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -43,8 +29,8 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 fn q4_1(rng: &mut Rng, n: u64) -> Vec<u8> {
     let mut out = Vec::new();
     for _ in 0..n / 32 {
-        out.extend(half::f16::from_f32(0.002 + 0.001 * rng.unit()).to_le_bytes());
-        out.extend(half::f16::from_f32(-0.015 + 0.001 * rng.unit()).to_le_bytes());
+        out.extend(half::f16::from_f32(0.002 + 0.001 * rng.f32()).to_le_bytes());
+        out.extend(half::f16::from_f32(-0.015 + 0.001 * rng.f32()).to_le_bytes());
         out.extend((0..16).map(|_| rng.next() as u8));
     }
     out
@@ -66,7 +52,7 @@ fn q6_k(rng: &mut Rng, n: u64) -> Vec<u8> {
 /// byte-level tokenizer of V tokens.
 fn tiny_llama(extra_meta: &[(&str, Value)], drop: &[&str]) -> Vec<u8> {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
-    let ones: Vec<f32> = (0..D).map(|_| 1.0 + 0.1 * rng.unit()).collect();
+    let ones: Vec<f32> = (0..D).map(|_| 1.0 + 0.1 * rng.f32()).collect();
     let q8: Vec<u8> = (0..F * D / 32)
         .flat_map(|_| {
             let mut b = half::f16::from_f32(0.01).to_le_bytes().to_vec();

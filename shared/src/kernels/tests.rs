@@ -23,23 +23,7 @@ use crate::quant::{
     dequant_q4, dequant_q8, ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ8Act, BlockQ8_0, BlockQ8_0F32, Q4Block,
     Q8Block, QK, ROWS8,
 };
-
-/// Small deterministic generator (xorshift) for test data.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-}
+use crate::test_rng::Rng;
 
 fn q8_blocks(rng: &mut Rng, n: usize) -> Vec<BlockQ8_0> {
     (0..n)
