@@ -319,13 +319,7 @@ pub struct Gguf {
 impl Gguf {
     /// Opens and validates a GGUF file. Errors are one line naming the file.
     pub fn open(path: &Path) -> Result<Gguf, String> {
-        let shown = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
-        // SAFETY: the map is read-only and private; Krafla never writes model
-        // files while running. A file truncated by another process while mapped
-        // is outside what we can defend against (as for every mmap reader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{shown}: cannot map: {e}"))?;
-        Self::parse(Bytes::Map(map), shown)
+        Self::parse(Bytes::map_file(path)?, path.display().to_string())
     }
 
     /// Parses an in-memory file (tests, hostile-input checks).

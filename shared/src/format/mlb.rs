@@ -134,6 +134,19 @@ pub enum Bytes {
     Owned(Vec<u8>),
 }
 
+impl Bytes {
+    /// A file mapped read-only; errors are one line naming the file.
+    pub fn map_file(path: &Path) -> Result<Bytes, String> {
+        let shown = path.display();
+        let file = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
+        // SAFETY: the map is read-only and private; Krafla never writes model
+        // files while running. A file truncated by another process while mapped
+        // is outside what we can defend against (as for every mmap reader).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{shown}: cannot map: {e}"))?;
+        Ok(Bytes::Map(map))
+    }
+}
+
 impl std::ops::Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -154,13 +167,7 @@ pub fn made_base(source_len: usize) -> usize {
 impl Mlb {
     /// Opens and validates a model file. Errors are one line naming the file.
     pub fn open(path: &Path) -> Result<Mlb, String> {
-        let shown = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
-        // SAFETY: the map is read-only and private; Krafla never writes model
-        // files while running. A file truncated by another process while mapped
-        // is outside what we can defend against (as for every mmap reader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{shown}: cannot map: {e}"))?;
-        Self::parse(Bytes::Map(map), shown)
+        Self::parse(Bytes::map_file(path)?, path.display().to_string())
     }
 
     /// Parses an in-memory file (tests, hostile-input checks).
