@@ -81,17 +81,18 @@ impl<'a> ByteReader<'a> {
     /// A `u32` length, at most `max`, followed by that many bytes of UTF-8.
     pub fn str(&mut self, max: u32, what: &str) -> Result<&'a str, String> {
         let len = self.u32(what)?;
-        if len > max {
-            return Err(format!("{what} length {len} exceeds the limit {max}"));
-        }
-        let bytes = self.take(len as usize, what)?;
-        std::str::from_utf8(bytes).map_err(|e| format!("{what} is not valid UTF-8 ({e})"))
+        self.utf8(len.into(), max.into(), what)
     }
 
     /// A `u64` length, at most `max`, followed by that many bytes of UTF-8
     /// (GGUF's strings).
     pub fn str64(&mut self, max: u64, what: &str) -> Result<&'a str, String> {
         let len = self.u64(what)?;
+        self.utf8(len, max, what)
+    }
+
+    /// `len` bytes of UTF-8, if `len` is at most `max`.
+    fn utf8(&mut self, len: u64, max: u64, what: &str) -> Result<&'a str, String> {
         if len > max {
             return Err(format!("{what} length {len} exceeds the limit {max}"));
         }
