@@ -54,9 +54,7 @@ impl Tokenizer {
     /// Load a `.mlt` file. Errors are one line: "<path>: <problem>" (no panic, no
     /// allocation larger than the file).
     pub fn load(path: &Path) -> Result<Tokenizer, String> {
-        let name = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-        Tokenizer::from_bytes(&bytes, &name)
+        Tokenizer::build(mlt::read(path)?).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Parse a `.mlt` image; `name` prefixes error messages.

@@ -13,6 +13,7 @@ use crate::chat::Template;
 use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt::{self, RawTokenizer};
+use crate::format::write_atomic;
 use crate::import::gguf::import_model;
 use crate::import::tokenizer::import_tokenizer;
 use crate::import::ConvertType;
@@ -118,17 +119,13 @@ impl RunArgs {
             return Err("--type applies to GGUF models only".into());
         }
         let raw: Option<RawTokenizer> = match (&self.tokenizer, &file) {
-            (Some(path), _) => {
-                let name = path.display().to_string();
-                let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-                Some(mlt::parse(&bytes).map_err(|e| format!("{name}: {e}"))?)
-            }
+            (Some(path), _) => Some(mlt::read(path)?),
             (None, Some(ModelFile::Gguf(g))) => Some(import_tokenizer(g)?),
             (None, _) => None,
         };
         if let Some(path) = &self.save_tokenizer {
             let raw = raw.as_ref().ok_or("--save-tokenizer: there is no tokenizer (-z, or a GGUF model)")?;
-            write_atomic(path, &mlt::write(raw))?;
+            write_atomic(path, |out| out.write_all(&mlt::write(raw)))?;
         }
         let tokenizer = raw.map(Tokenizer::build).transpose()?;
         Ok((file, tokenizer))
@@ -219,16 +216,6 @@ impl ModelFile {
             Ok(ModelFile::Mlb(path.to_path_buf()))
         }
     }
-}
-
-/// Writes `bytes` to a temporary file beside `path`, then renames it over
-/// `path`: a failure leaves nothing half-written.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().map_or("out".into(), |n| n.to_string_lossy())));
-    std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("{}: cannot write: {e}", path.display())
-    })
 }
 
 /// The line both executables print when a model is loaded: the build, the

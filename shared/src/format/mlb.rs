@@ -269,14 +269,9 @@ impl Mlb {
     /// (through a temporary file renamed over `path`, so a failure leaves
     /// nothing half-written).
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        use std::io::Write;
-        let shown = path.display();
         let (head, offsets) =
             header(self.meta_in_order(), self.tensors.iter().map(|t| (t.name.as_str(), t.ttype, &t.dims[..], t.len)));
-        let tmp = path
-            .with_file_name(format!(".{}.tmp", path.file_name().map_or("model.mlb".into(), |n| n.to_string_lossy())));
-        let write = || -> std::io::Result<()> {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        super::write_atomic(path, |out| {
             out.write_all(&head)?;
             let mut pos = 0u64;
             for (t, &o) in self.tensors.iter().zip(&offsets) {
@@ -284,12 +279,7 @@ impl Mlb {
                 out.write_all(self.tensor_bytes(t))?;
                 pos = o + t.len as u64;
             }
-            out.write_all(&vec![0u8; (pos.next_multiple_of(DATA_ALIGN) - pos) as usize])?;
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()
-        };
-        write().and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("{shown}: cannot write: {e}")
+            out.write_all(&vec![0u8; (pos.next_multiple_of(DATA_ALIGN) - pos) as usize])
         })
     }
 

@@ -109,6 +109,13 @@ fn optional_id(v: i32, what: &str, n_vocab: usize) -> Result<Option<u32>, String
     }
 }
 
+/// Reads and parses a `.mlt` file; errors are one line naming the file.
+pub fn read(path: &std::path::Path) -> Result<RawTokenizer, String> {
+    let name = path.display();
+    let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    parse(&bytes).map_err(|e| format!("{name}: {e}"))
+}
+
 /// Parse and structurally validate a whole `.mlt` file.
 pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
     let mut r = ByteReader::new(buf);

@@ -8,3 +8,22 @@ pub mod bytes;
 pub mod gguf;
 pub mod mlb;
 pub mod mlt;
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// Writes a file through `write` into a temporary file beside `path`,
+/// synced and then renamed over `path`: a failure leaves nothing
+/// half-written. Errors are one line naming `path`.
+pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), String> {
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().map_or("out".into(), |n| n.to_string_lossy())));
+    let written = std::fs::File::create(&tmp).and_then(|file| {
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    });
+    written.and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: cannot write: {e}", path.display())
+    })
+}
