@@ -1,5 +1,6 @@
 """The interactive chat (`ml_run MODEL` on a terminal), driven through a pseudo-terminal: the
 conversation stays in the KV cache, Ctrl-C stops an answer, /clear, /exit and Ctrl-D."""
+import os
 import re
 
 import pexpect
@@ -14,7 +15,7 @@ STATUS = re.compile(r"\[prompt (\d+) tokens \((\d+) cached\), [\d.]+ tokens/s; a
 def chat(smollm2_gguf):
     """A chat with the SmolLM2 GGUF on a pty (greedy; answers of at most 400 tokens)."""
     c = pexpect.spawn(str(ml_bin()), [str(smollm2_gguf), "--type", "q8_0", "-n", "400"],
-                      encoding="utf-8", timeout=180, dimensions=(40, 200))
+                      encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
     c.expect("chatting")
     c.expect("> ")
     yield c
@@ -77,3 +78,13 @@ def test_ctrl_c_at_the_prompt_leaves_with_130(chat):
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 130
+
+
+def test_bytes_that_are_not_utf8_do_not_end_the_chat(chat):
+    os.write(chat.child_fd, b"caf\xe9?\r")  # Latin-1, as from a terminal in another encoding
+    chat.expect(STATUS)
+    chat.expect("> ")
+    chat.sendline("/exit")
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0

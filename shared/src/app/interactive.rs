@@ -192,11 +192,14 @@ fn read_turn(input: &mut impl BufRead) -> Result<Option<String>, String> {
     loop {
         print!("{}", if turn.is_empty() { "> " } else { ". " });
         let _ = std::io::stdout().flush();
-        let mut line = String::new();
-        let n = input.read_line(&mut line).map_err(|e| format!("cannot read the terminal: {e}"))?;
+        // bytes that are not UTF-8 (a terminal in another encoding) become
+        // U+FFFD rather than ending the conversation
+        let mut bytes = Vec::new();
+        let n = input.read_until(b'\n', &mut bytes).map_err(|e| format!("cannot read the terminal: {e}"))?;
         if n == 0 {
             return Ok((!turn.is_empty()).then_some(turn));
         }
+        let line = String::from_utf8_lossy(&bytes);
         let line = line.trim_end_matches(['\n', '\r']);
         match line.strip_suffix('\\') {
             Some(part) => {
