@@ -27,6 +27,48 @@ impl Default for SamplerConfig {
     }
 }
 
+/// The valid range of one sampling setting: the one check behind `ml_run`'s
+/// options (exit 2) and the server's request fields (400), so that neither
+/// accepts a value the other refuses.
+pub struct SettingRange {
+    /// The server's field name (the CLI option is `--` and the name with `-`).
+    pub name: &'static str,
+    pub min: f64,
+    pub max: f64,
+    /// `min` itself is refused (a penalty of 0 would divide by zero).
+    pub min_excluded: bool,
+    /// What a valid value is, for the error message.
+    pub expected: &'static str,
+}
+
+impl SettingRange {
+    /// `v` if it is in the range; NaN and infinities never are.
+    pub fn check(&self, v: f64) -> Result<f64, String> {
+        let above_min = if self.min_excluded { v > self.min } else { v >= self.min };
+        if above_min && v <= self.max {
+            Ok(v)
+        } else {
+            Err(format!("'{}' must be {}", self.name, self.expected))
+        }
+    }
+}
+
+/// Temperature: 0 is greedy; OpenAI's range.
+pub const TEMPERATURE: SettingRange =
+    SettingRange { name: "temperature", min: 0.0, max: 2.0, min_excluded: false, expected: "a number from 0 to 2" };
+pub const TOP_P: SettingRange =
+    SettingRange { name: "top_p", min: 0.0, max: 1.0, min_excluded: false, expected: "a number from 0 to 1" };
+pub const MIN_P: SettingRange =
+    SettingRange { name: "min_p", min: 0.0, max: 1.0, min_excluded: false, expected: "a number from 0 to 1" };
+/// Divides positive logits, so 0 is refused; 1 is off.
+pub const REPEAT_PENALTY: SettingRange = SettingRange {
+    name: "repeat_penalty",
+    min: 0.0,
+    max: 100.0,
+    min_excluded: true,
+    expected: "a number above 0 and at most 100",
+};
+
 /// A sampler with its own random stream (xoshiro256** seeded by splitmix64).
 pub struct Sampler {
     pub config: SamplerConfig,
@@ -138,6 +180,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setting_ranges_refuse_nan_infinities_and_the_excluded_minimum() {
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.5, 2.0000001] {
+            assert!(TEMPERATURE.check(v).is_err(), "{v}");
+        }
+        assert_eq!(TEMPERATURE.check(0.0), Ok(0.0));
+        assert_eq!(TEMPERATURE.check(2.0), Ok(2.0));
+        assert!(TOP_P.check(1.5).is_err() && MIN_P.check(5.0).is_err());
+        assert!(REPEAT_PENALTY.check(0.0).is_err() && REPEAT_PENALTY.check(f64::NAN).is_err());
+        assert_eq!(REPEAT_PENALTY.check(1.1), Ok(1.1));
+        assert_eq!(TOP_P.check(2.0).unwrap_err(), "'top_p' must be a number from 0 to 1");
+    }
 
     #[test]
     fn greedy_takes_the_first_maximum() {
