@@ -125,8 +125,10 @@ fn choose(
 }
 
 fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<&str>) {
-    println!("Krafla builds for {}-{} in {}", std::env::consts::OS, std::env::consts::ARCH, dir.display());
-    println!("{:<16} {:<8} {:<10} {:<9} needs", "build", "present", "supported", "selected");
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "Krafla builds for {}-{} in {}", std::env::consts::OS, std::env::consts::ARCH, dir.display());
+    let _ = writeln!(out, "{:<16} {:<8} {:<10} {:<9} needs", "build", "present", "supported", "selected");
     let yes = |b: bool| if b { "yes" } else { "no" };
     for v in variants {
         let file = format!("ml_{}", v.name);
@@ -135,7 +137,8 @@ fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<
             Some(f) => format!("no ({f})"),
         };
         let needs = if v.cpu_features.is_empty() { "baseline".to_string() } else { v.cpu_features.join(" ") };
-        println!(
+        let _ = writeln!(
+            out,
             "{:<16} {:<8} {:<10} {:<9} {}",
             file,
             yes(build_file(dir, v.name).is_file()),
@@ -146,7 +149,8 @@ fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<
     }
     let fallback = dir.join(exe_name(FALLBACK));
     if fallback.is_file() || selected == Some(FALLBACK) {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<16} {:<8} {:<10} {:<9} host build (used when no ml_<isa> fits)",
             FALLBACK,
             yes(fallback.is_file()),
@@ -154,7 +158,20 @@ fn list(variants: &[Variant], cpu: &cpu::Features, dir: &Path, selected: Option<
             if selected == Some(FALLBACK) { "*" } else { "" }
         );
     }
-    println!("this CPU: {}", if cpu.0.is_empty() { "baseline".to_string() } else { cpu.0.join(" ") });
+    let _ = writeln!(out, "this CPU: {}", if cpu.0.is_empty() { "baseline".to_string() } else { cpu.0.join(" ") });
+    print_out(&out);
+}
+
+/// Writes `text` to stdout. A reader that has gone away (`ml_run --list-isas
+/// | head -1`) ends the launcher quietly with exit 0, as `head` expects.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => fail(&format!("cannot write to standard output: {e}")),
+    }
 }
 
 fn fail(msg: &str) -> ! {
@@ -189,24 +206,25 @@ fn main() {
     }
     if opts.version {
         let name = if server { "ml_server" } else { "ml_run" };
-        println!(
-            "{name} {} (Krafla launcher, {}-{})",
+        print_out(&format!(
+            "{name} {} (Krafla launcher, {}-{})\n",
             env!("CARGO_PKG_VERSION"),
             std::env::consts::OS,
             std::env::consts::ARCH
-        );
+        ));
         match &chosen {
-            Ok(build) => println!("runs {}", dir.join(exe_name(build)).display()),
+            Ok(build) => print_out(&format!("runs {}\n", dir.join(exe_name(build)).display())),
             Err(e) => fail(e),
         }
         return;
     }
     let build = chosen.unwrap_or_else(|e| fail(&e));
     if opts.help {
-        use std::io::Write;
-        println!("Launcher options (ml_run / ml_server): --isa NAME (force a build), --list-isas, --version");
-        println!("Running {} --help:\n", exe_name(&build));
-        let _ = std::io::stdout().flush();
+        print_out(&format!(
+            "Launcher options (ml_run / ml_server): --isa NAME (force a build), --list-isas, --version\n\
+             Running {} --help:\n\n",
+            exe_name(&build)
+        ));
     }
     let target = dir.join(exe_name(&build));
     let mut args = opts.rest;

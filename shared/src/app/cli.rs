@@ -4,7 +4,7 @@
 //! `--tokenize`, `--print-ids`).
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -13,6 +13,7 @@ use clap::Parser;
 use super::interactive;
 use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
+use super::stdout;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::model::LogitsFor;
 use crate::sampler::SamplerConfig;
@@ -99,8 +100,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     if args.tokenize {
         let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z, or a GGUF model)")?;
         let ids = tok.encode(text.as_deref().unwrap_or(""), true);
-        println!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
-        return Ok(());
+        return stdout::line(&format!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")));
     }
     let (pool, threads) = args.run.thread_pool()?;
     // Everything below runs on a pool thread, so parallel loops start inside the pool.
@@ -228,22 +228,23 @@ fn run_model(
     // ---- generation ----
     let params = decode_params(args, tokenizer.as_ref());
     let text_out = if args.print_ids { None } else { tokenizer.as_ref() };
-    let mut out = std::io::stdout().lock();
     let t1 = Instant::now();
     let last = logits[logits.len() - vocab..].to_vec();
+    let mut write_error = None;
     let done = generator.decode(last, &prompt, &params, text_out, &mut |t: Token| {
-        if !t.text.is_empty() {
-            let _ = out.write_all(t.text.as_bytes());
-            let _ = out.flush();
+        if t.text.is_empty() {
+            return true;
         }
-        true
+        stdout::write(t.text.as_bytes()).map_err(|e| write_error = Some(e)).is_ok()
     })?;
+    if let Some(e) = write_error {
+        return Err(e);
+    }
     let gen_secs = t1.elapsed().as_secs_f64();
     if text_out.is_none() {
-        let _ = writeln!(out, "[{}]", done.tokens.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        stdout::line(&format!("[{}]", done.tokens.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")))?;
     } else {
-        let _ = out.write_all(done.tail.as_bytes());
-        let _ = writeln!(out);
+        stdout::line(&done.tail)?;
     }
     eprintln!(
         "krafla: prompt {} tokens, {:.1} tokens/s; generation {} tokens, {:.1} tokens/s",

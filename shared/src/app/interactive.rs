@@ -9,6 +9,7 @@
 //! status 130). When the context is full the chat says so and `/clear`
 //! starts over: no turn is dropped silently.
 
+use super::stdout;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -83,8 +84,7 @@ pub fn run(
     let mut input = stdin.lock();
     loop {
         let Some(line) = read_turn(&mut input)? else {
-            println!();
-            return Ok(());
+            return stdout::line("");
         };
         match line.trim() {
             "" => continue,
@@ -143,23 +143,26 @@ pub fn run(
         let room = ctx - generator.state().pos;
         params.max_tokens = max_tokens.map_or(room, |n| n.min(room));
         let mut answer = String::new();
-        let mut out = std::io::stdout().lock();
+        let mut write_error = None;
         let t1 = Instant::now();
         let done = generator.decode(logits, &ids, &params, Some(tokenizer), &mut |t: Token| {
             if !t.text.is_empty() {
                 answer.push_str(t.text);
-                let _ = out.write_all(t.text.as_bytes());
-                let _ = out.flush();
+                if let Err(e) = stdout::write(t.text.as_bytes()) {
+                    write_error = Some(e);
+                    return false;
+                }
             }
             !STOP.load(Ordering::SeqCst)
         });
         ANSWERING.store(false, Ordering::SeqCst);
         let done = done?;
+        if let Some(e) = write_error {
+            return Err(e);
+        }
         let gen_secs = t1.elapsed().as_secs_f64();
         answer.push_str(&done.tail);
-        let _ = out.write_all(done.tail.as_bytes());
-        let _ = writeln!(out);
-        drop(out);
+        stdout::line(&done.tail)?;
 
         conv.ids = ids;
         conv.ids.extend(&done.tokens);
@@ -190,8 +193,7 @@ pub fn run(
 fn read_turn(input: &mut impl BufRead) -> Result<Option<String>, String> {
     let mut turn = String::new();
     loop {
-        print!("{}", if turn.is_empty() { "> " } else { ". " });
-        let _ = std::io::stdout().flush();
+        stdout::write(if turn.is_empty() { b"> " } else { b". " })?;
         // bytes that are not UTF-8 (a terminal in another encoding) become
         // U+FFFD rather than ending the conversation
         let mut bytes = Vec::new();

@@ -1,6 +1,7 @@
 //! Measurement modes: `--bench` (llama-bench-style rows plus the decode
 //! roofline) and `--perplexity` (llama.cpp's protocol).
 
+use super::stdout;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,18 +66,29 @@ pub fn memory_read_bandwidth() -> f64 {
 /// generation, then the decode roofline.
 pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
     let c = &model.config;
-    let ctx = (cfg.prompt_tokens.max(cfg.gen_tokens + 1)).min(c.context_length);
+    if cfg.prompt_tokens > c.context_length || cfg.gen_tokens >= c.context_length {
+        return Err(format!(
+            "--bench: --pp {} / --tg {} do not fit the model's context of {} tokens (at most --pp {} and --tg {})",
+            cfg.prompt_tokens,
+            cfg.gen_tokens,
+            c.context_length,
+            c.context_length,
+            c.context_length - 1
+        ));
+    }
+    let ctx = cfg.prompt_tokens.max(cfg.gen_tokens + 1);
     let size_gib = model.file.file_len() as f64 / (1u64 << 30) as f64;
     let params_b = model.n_params() as f64 / 1e9;
     let vocab = c.vocab_size;
-    println!("| model | size | params | isa | threads | test | t/s |");
-    println!("| --- | ---: | ---: | --- | ---: | --- | ---: |");
+    stdout::line(
+        "| model | size | params | isa | threads | test | t/s |\n| --- | ---: | ---: | --- | ---: | --- | ---: |",
+    )?;
     let row = |test: String, rates: &[f64]| {
         let (m, s) = mean_std(rates);
-        println!(
+        stdout::line(&format!(
             "| {model_name} | {size_gib:.2} GiB | {params_b:.2} B | {ISA} | {} | {test} | {m:.2} ± {s:.2} |",
             cfg.threads
-        );
+        ))
     };
     let mut gen = Generator::new(model.clone(), State::with_kv(c, ctx, cfg.kv)?, cfg.batch);
     if cfg.prompt_tokens > 0 {
@@ -91,7 +103,7 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
                 rates.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
             }
         }
-        row(format!("pp{}", tokens.len()), &rates);
+        row(format!("pp{}", tokens.len()), &rates)?;
     }
     let mut tg_mean = 0.0;
     if cfg.gen_tokens > 0 {
@@ -110,21 +122,19 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
             rates.push(n as f64 / t.elapsed().as_secs_f64());
         }
         tg_mean = mean_std(&rates).0;
-        row(format!("tg{n}"), &rates);
+        row(format!("tg{n}"), &rates)?;
     }
     let per_token = model.decode_bytes_per_token();
     let bandwidth = memory_read_bandwidth();
     let ceiling = bandwidth / per_token as f64;
-    println!();
-    println!(
-        "roofline: {:.1} MB of weights read per generated token; memory read bandwidth {:.1} GB/s ({} threads); ceiling {:.1} tokens/s{}",
+    stdout::line(&format!(
+        "\nroofline: {:.1} MB of weights read per generated token; memory read bandwidth {:.1} GB/s ({} threads); ceiling {:.1} tokens/s{}",
         per_token as f64 / 1e6,
         bandwidth / 1e9,
         cfg.threads,
         ceiling,
         if tg_mean > 0.0 { format!("; tg at {:.0}% of the ceiling", 100.0 * tg_mean / ceiling) } else { String::new() }
-    );
-    Ok(())
+    ))
 }
 
 /// Perplexity as llama.cpp's `perplexity` tool computes it: non-overlapping
@@ -174,9 +184,9 @@ pub fn perplexity(
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;
     if var > 0.0 {
-        println!("Final estimate: PPL = {ppl:.4} +/- {:.5}", (var / (count as f64 - 1.0)).sqrt() * ppl);
+        stdout::line(&format!("Final estimate: PPL = {ppl:.4} +/- {:.5}", (var / (count as f64 - 1.0)).sqrt() * ppl))?;
     } else {
-        println!("Final estimate: PPL = {ppl:.4}");
+        stdout::line(&format!("Final estimate: PPL = {ppl:.4}"))?;
     }
     Ok(ppl)
 }

@@ -4,11 +4,14 @@
 //! server (`server`, `ml_run --server` / `ml_server`). `options` holds what
 //! they share. Nothing below `app` prints or exits.
 
+use std::io::Write;
+
 pub mod cli;
 pub mod interactive;
 pub mod measure;
 pub mod options;
 pub mod server;
+pub mod stdout;
 
 /// Exit code for bad input files, arguments or requests.
 pub const EXIT_BAD_INPUT: i32 = 2;
@@ -26,10 +29,25 @@ pub fn main() -> i32 {
     match result {
         Ok(()) => 0,
         Err(msg) => {
-            eprintln!("krafla: {msg}");
+            // not eprintln!, which panics when stderr is closed too
+            let _ = writeln!(std::io::stderr(), "krafla: {}", escape_line(&msg));
             EXIT_BAD_INPUT
         }
     }
+}
+
+/// `text` made safe to print on one line of a terminal or a log: control
+/// characters (C0, DEL, C1), line and paragraph separators and bidirectional
+/// overrides, which a file or a request could use to fake log lines or drive
+/// the terminal, become escapes (`\n`, `\u{1b}`); everything else is kept.
+pub fn escape_line(text: &str) -> String {
+    let unsafe_char = |c: char| {
+        c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_string();
+    }
+    text.chars().map(|c| if unsafe_char(c) { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
 /// Parses the command line of `P`: Ok(None) after printing help or the
@@ -58,6 +76,18 @@ fn one_line(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn escape_line_keeps_text_on_one_line_without_control_characters() {
+        let evil = "duplicate metadata key 'evil\x1b]0;PWNED\x07\nkrafla: fake line\0' \u{202e}txt 中文 é";
+        let safe = super::escape_line(evil);
+        assert_eq!(
+            safe,
+            "duplicate metadata key 'evil\\u{1b}]0;PWNED\\u{7}\\nkrafla: fake line\\u{0}' \\u{202e}txt 中文 é"
+        );
+        assert!(!safe.chars().any(char::is_control));
+        assert_eq!(super::escape_line("plain text: 'ok'"), "plain text: 'ok'");
+    }
+
     #[test]
     fn clap_errors_become_one_line() {
         let text = "error: invalid value 'nope' for '--chat <CHAT>'\n  [possible values: auto, chatml]\n\n\

@@ -230,7 +230,7 @@ pub fn startup_line(
     kv: KvType,
 ) -> String {
     let mib = |b: f64| b / 1048576.0;
-    format!(
+    super::escape_line(&format!(
         "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params, loaded in {load_secs:.2} s), ctx {ctx}, \
          memory: {:.1} MiB weights ({}) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
         path.display(),
@@ -244,7 +244,7 @@ pub fn startup_line(
         mib(model.repacked_bytes() as f64),
         mib(state.bytes() as f64),
         kv.name()
-    )
+    ))
 }
 
 #[cfg(test)]
