@@ -99,3 +99,62 @@ pub fn json_request(data: &[u8]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every committed seed of every fuzz target runs through its entry
+    /// point cleanly (what the fuzzer starts from keeps parsing).
+    #[test]
+    fn the_seeds_run_cleanly() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
+        let targets: [(&str, fn(&[u8])); 5] = [
+            ("mlb", super::mlb),
+            ("mlt", super::mlt),
+            ("gguf", super::gguf),
+            ("http_head", super::http_head),
+            ("json_request", super::json_request),
+        ];
+        for (name, run) in targets {
+            let dir = seeds.join(name);
+            let mut n = 0;
+            for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+                let path = entry.unwrap().path();
+                run(&std::fs::read(&path).unwrap());
+                n += 1;
+            }
+            assert!(n > 0, "no seeds for {name}");
+        }
+    }
+
+    /// The file seeds are valid files, so the fuzzer starts past the parsers:
+    /// each `.mlb` gives a configuration, each `.mlt` a tokenizer, the GGUF
+    /// model imports.
+    #[test]
+    fn the_file_seeds_load() {
+        use super::*;
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
+        let files = |t: &str| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(seeds.join(t))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+                .collect();
+            v.sort();
+            v
+        };
+        for (name, bytes) in files("mlb") {
+            let f = Mlb::from_bytes(bytes, &name).unwrap();
+            Config::from_mlb(&f).unwrap();
+        }
+        for (name, bytes) in files("mlt") {
+            Tokenizer::from_bytes(&bytes, &name).unwrap();
+        }
+        for (name, bytes) in files("gguf") {
+            let g = Gguf::from_bytes(bytes, &name).unwrap();
+            Tokenizer::build(import_tokenizer(&g).unwrap()).unwrap();
+            if name.ends_with("llama-1layer.gguf") {
+                Config::from_mlb(&import_model(g, ConvertType::Auto).unwrap()).unwrap();
+            }
+        }
+    }
+}
