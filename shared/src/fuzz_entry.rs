@@ -107,7 +107,8 @@ mod tests {
     #[test]
     fn the_seeds_run_cleanly() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
-        let targets: [(&str, fn(&[u8])); 5] = [
+        type Entry = fn(&[u8]);
+        let targets: [(&str, Entry); 5] = [
             ("mlb", super::mlb),
             ("mlt", super::mlt),
             ("gguf", super::gguf),
