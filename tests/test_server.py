@@ -1,6 +1,7 @@
 """`ml_run --server`: the OpenAI-compatible API, driven by the real `openai`
 client (and raw HTTP for malformed requests) against SmolLM2-135M-Instruct
 in Q4_0, plus the built-in chat page in headless Chromium."""
+import codecs
 import http.client
 import json
 import os
@@ -172,13 +173,12 @@ def test_streaming_never_splits_utf8(server):
               temperature=0)
     full = c.completions.create(logprobs=0, **kw)
     toks = full.choices[0].logprobs.tokens
-    assert sum("\ufffd" in t for t in toks) >= 2, toks  # the model does emit partial characters
+    assert sum(t.startswith("bytes:") for t in toks) >= 2, toks  # the model does emit partial characters
     chunks = [ch.choices[0].text for ch in c.completions.create(stream=True, **kw) if ch.choices]
     deltas = [d for d in chunks if d]
     assert "".join(deltas) == full.choices[0].text
     assert len(deltas) < len(toks)  # partial characters were held back, not sent
-    # Only an unfinished character cut off by max_tokens may end the text as U+FFFD.
-    assert not any("\ufffd" in d for d in deltas[:-1]), deltas
+    assert not any("\ufffd" in d for d in deltas), deltas
 
 
 def test_stop_strings_never_leak(server):
@@ -202,6 +202,100 @@ def test_stop_strings_never_leak(server):
     assert "".join(deltas) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert not any(stop in d for d in deltas)
+
+
+EMOJI_PROMPT = "Emoji list: \U0001F600\U0001F601\U0001F602 \u4e2d\u6587\uff1a\u4f60\u597d"
+
+
+def token_bytes(tok):
+    """The bytes of a legacy-completions logprobs token: its text, or OpenAI's "bytes:\\xNN" form."""
+    if not tok.startswith("bytes:"):
+        return tok.encode()
+    out, rest = b"", tok[len("bytes:"):]
+    while rest:
+        if rest.startswith("\\x"):
+            out, rest = out + bytes([int(rest[2:4], 16)]), rest[4:]
+        else:
+            out, rest = out + rest[0].encode(), rest[1:]
+    return out
+
+
+def ends_inside_a_character(data):
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    dec.decode(data)
+    return dec.getstate()[0] != b""
+
+
+def chars_before_each(pieces):
+    """For byte strings `pieces`: how many whole characters the pieces before each one make."""
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    n, out = 0, []
+    for p in pieces:
+        out.append(n)
+        n += len(dec.decode(p))
+    return out
+
+
+def check_cut_completion(c, max_tokens):
+    """A greedy completion of EMOJI_PROMPT, streamed and not: no U+FFFD anywhere, partial tokens as OpenAI's
+    "bytes:\\xNN", text_offset the character offsets (code points, Python's str indices) into `text`.
+    Returns the tokens' bytes."""
+    kw = dict(model=ALIAS, prompt=EMOJI_PROMPT, max_tokens=max_tokens, temperature=0)
+    r = c.completions.create(logprobs=1, **kw)
+    text, lp = r.choices[0].text, r.choices[0].logprobs
+    assert r.usage.completion_tokens == max_tokens and r.choices[0].finish_reason == "length"
+    assert "\ufffd" not in text, text
+    assert "\ufffd" not in "".join(lp.tokens) and any(t.startswith("bytes:") for t in lp.tokens), lp.tokens
+    pieces = [token_bytes(t) for t in lp.tokens]
+    assert text == b"".join(pieces).decode("utf-8", "ignore")
+    assert lp.text_offset == chars_before_each(pieces)
+    assert all(0 <= o <= len(text) for o in lp.text_offset)
+    for t in lp.top_logprobs:
+        assert all("\ufffd" not in k for k in t), t
+    chunks = [ch.choices[0] for ch in c.completions.create(stream=True, logprobs=1, **kw)]
+    assert "".join(ch.text for ch in chunks) == text
+    assert not any("\ufffd" in ch.text for ch in chunks)
+    streamed = [ch.logprobs for ch in chunks if ch.logprobs]
+    assert [t for x in streamed for t in x.tokens] == lp.tokens
+    assert [o for x in streamed for o in x.text_offset] == lp.text_offset
+    return pieces
+
+
+def test_a_stream_cut_inside_a_character(server):
+    """Issue 14, case 6, as written (max_tokens 40), then cut where the last token ends inside a character:
+    its bytes are held back, never shown as U+FFFD."""
+    c = server.client()
+    pieces = check_cut_completion(c, 40)
+    cuts = [n for n in range(1, len(pieces)) if ends_inside_a_character(b"".join(pieces[:n]))]
+    assert cuts, pieces  # the model answers in multi-byte characters split across tokens
+    cut = check_cut_completion(c, cuts[0])
+    assert cut == pieces[:cuts[0]]
+
+
+def test_chat_logprobs_of_partial_characters_carry_their_bytes(server):
+    """Chat logprobs: each token's exact `bytes`; a token holding part of a character shows "\\xNN", not U+FFFD."""
+    r = server.client().chat.completions.create(
+        model=ALIAS, messages=[{"role": "user", "content": "Repeat exactly: " + EMOJI_PROMPT}], max_tokens=24,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    whole = b"".join(bytes(t.bytes) for t in content)
+    assert r.choices[0].message.content == whole.decode("utf-8", "ignore")
+    partial = [t for t in content if not _is_utf8(bytes(t.bytes))]
+    assert partial, [t.token for t in content]  # the model answers with emoji or CJK, split across tokens
+    for t in content:
+        assert "\ufffd" not in t.token
+        for alt in t.top_logprobs:
+            assert "\ufffd" not in alt.token and alt.bytes is not None
+    for t in partial:
+        assert "\\x" in t.token, t.token
+
+
+def _is_utf8(b):
+    try:
+        b.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 @pytest.mark.parametrize("field,value", [

@@ -2,9 +2,11 @@
 //! UTF-8 characters, cut at the first stop string, holding back anything
 //! that could still become one.
 
-/// Turns token bytes into text deltas: whole UTF-8 characters only (invalid
-/// bytes become U+FFFD), cut at the first stop string, and holding back any
-/// tail that could be the start of a stop string.
+/// Turns token bytes into text deltas: whole UTF-8 characters only (bytes
+/// that can never be part of a character become U+FFFD; an unfinished
+/// character is held back, and dropped if generation ends inside it), cut at
+/// the first stop string, and holding back any tail that could be the start
+/// of a stop string.
 pub struct TextStream {
     stops: Vec<String>,
     pending: Vec<u8>,
@@ -72,12 +74,12 @@ impl TextStream {
         (out, false)
     }
 
-    /// The rest at the end of generation (an unfinished character becomes U+FFFD).
+    /// The rest at the end of generation. The bytes of a character that
+    /// generation stopped inside (the token limit fell between its tokens)
+    /// are dropped, not shown as U+FFFD: they are not text yet.
     pub fn finish(&mut self) -> String {
-        let mut out = std::mem::take(&mut self.held);
-        out.push_str(&String::from_utf8_lossy(&self.pending));
         self.pending.clear();
-        out
+        std::mem::take(&mut self.held)
     }
 }
 
@@ -105,11 +107,18 @@ mod tests {
         let (out, hit, tail) = run(&[], &[b"a", &e[..1], &e[1..], b"b"]);
         assert_eq!(out, ["a", "", "é", "b"]);
         assert!(!hit && tail.is_empty());
+        // Cut inside a character: its bytes are held back, and never become U+FFFD.
         let (out, _, tail) = run(&[], &[b"x", &e[..1]]);
         assert_eq!(out, ["x", ""]);
-        assert_eq!(tail, "\u{FFFD}");
+        assert_eq!(tail, "");
+        let smile = "😀".as_bytes(); // 4 bytes
+        let (out, _, tail) = run(&["zz"], &[b"a", &smile[..2], &smile[2..3]]);
+        assert_eq!((out, tail.as_str()), (vec!["a".to_string(), String::new(), String::new()], ""));
+        // Bytes that are invalid where they stand still become U+FFFD, also before an unfinished character.
         let (out, _, _) = run(&[], &[b"\xff", b"ok"]);
         assert_eq!(out, ["\u{FFFD}", "ok"]);
+        let (out, _, tail) = run(&[], &[b"\xf0\x9f!", &smile[..1]]);
+        assert_eq!((out, tail.as_str()), (vec!["\u{FFFD}!".to_string(), String::new()], ""));
     }
 
     #[test]

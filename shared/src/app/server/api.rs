@@ -503,13 +503,29 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     })
 }
 
-fn text_of(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+/// A token's bytes as a string for logprobs. Whole characters stay as they
+/// are; a token that holds part of a character (a byte-level tokenizer
+/// splits most emoji and CJK characters) shows its bytes that are not whole
+/// characters as `\xNN` and, for the legacy completions, gets OpenAI's
+/// `bytes:` prefix (`"bytes:\xf0\x9f"`), never U+FFFD, which would hide
+/// which bytes they are. Chat logprobs carry the exact bytes in `bytes` too.
+fn token_text(bytes: &[u8], prefix: &str) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    if out.len() != bytes.len() {
+        out.insert_str(0, prefix);
+    }
+    out
 }
 
 /// `choices[].logprobs` of a chat answer or chunk.
 pub fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
-    let entry = |b: &[u8], lp: f64| json!({"token": text_of(b), "logprob": lp, "bytes": b});
+    let entry = |b: &[u8], lp: f64| json!({"token": token_text(b, ""), "logprob": lp, "bytes": b});
     let content: Vec<Value> = lps
         .iter()
         .map(|t| {
@@ -521,22 +537,21 @@ pub fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
     json!({"content": content, "refusal": null})
 }
 
-/// `choices[].logprobs` of a completion answer or chunk; `offset` is the
-/// length in characters of the text before the first of these tokens.
-pub fn completion_logprobs(lps: &[TokenLogprob], mut offset: usize) -> Value {
+/// `choices[].logprobs` of a completion answer or chunk. `text_offset` is
+/// where each token starts in the answer's `text`, in characters (code
+/// points: what a Python client's `text[i]` indexes).
+pub fn completion_logprobs(lps: &[TokenLogprob]) -> Value {
     let mut tokens = Vec::new();
     let mut logprobs = Vec::new();
     let mut tops = Vec::new();
     let mut offsets = Vec::new();
     for t in lps {
-        let s = text_of(&t.bytes);
-        offsets.push(offset);
-        offset += s.chars().count();
-        tokens.push(s);
+        offsets.push(t.text_offset);
+        tokens.push(token_text(&t.bytes, "bytes:"));
         logprobs.push(t.logprob);
         let mut m = Map::new();
         for (b, lp) in &t.top {
-            m.entry(text_of(b)).or_insert(json!(lp));
+            m.entry(token_text(b, "bytes:")).or_insert(json!(lp));
         }
         tops.push(Value::Object(m));
     }
@@ -691,5 +706,28 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(e.message.contains("max_tokens") && e.message.contains("string"), "{}", e.message);
         assert_eq!(e.to_json()["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn tokens_with_part_of_a_character_show_their_bytes() {
+        let smile = "😀".as_bytes();
+        assert_eq!(token_text(b" hi", "bytes:"), " hi");
+        assert_eq!(token_text("中".as_bytes(), "bytes:"), "中");
+        assert_eq!(token_text(&smile[..2], "bytes:"), "bytes:\\xf0\\x9f");
+        assert_eq!(token_text(&[b' ', smile[0]], ""), " \\xf0");
+        let lp = |bytes: &[u8], text_offset| TokenLogprob {
+            bytes: bytes.to_vec(),
+            text_offset,
+            logprob: -1.0,
+            top: vec![(smile[2..].to_vec(), -1.0)],
+        };
+        let v = completion_logprobs(&[lp(&smile[..2], 0), lp(&smile[2..], 0), lp(b"!", 1)]);
+        assert_eq!(v["tokens"], json!(["bytes:\\xf0\\x9f", "bytes:\\x98\\x80", "!"]));
+        assert_eq!(v["text_offset"], json!([0, 0, 1]));
+        assert_eq!(v["top_logprobs"][0], json!({"bytes:\\x98\\x80": -1.0}));
+        let v = chat_logprobs(&[lp(&smile[..2], 0)]);
+        assert_eq!(v["content"][0]["token"], "\\xf0\\x9f");
+        assert_eq!(v["content"][0]["bytes"], json!([0xf0, 0x9f]));
+        assert_eq!(v["content"][0]["top_logprobs"][0]["bytes"], json!([0x98, 0x80]));
     }
 }

@@ -125,7 +125,6 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
     let want_logprobs = greq.params.logprobs.is_some();
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
-    let mut offset = 0usize; // characters of the token strings so far (completions' text_offset)
     let mut first = true;
     loop {
         let ev = match rx.recv_timeout(POLL) {
@@ -161,13 +160,11 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
             }
             Event::Delta { text: delta, logprobs: lp } => {
                 let lp_json = lp.as_ref().map(|t| {
-                    let v = if chat {
+                    if chat {
                         api::chat_logprobs(std::slice::from_ref(t))
                     } else {
-                        api::completion_logprobs(std::slice::from_ref(t), offset)
-                    };
-                    offset += String::from_utf8_lossy(&t.bytes).chars().count();
-                    v
+                        api::completion_logprobs(std::slice::from_ref(t))
+                    }
                 });
                 match writer.as_mut() {
                     Some(w) => {
@@ -210,7 +207,7 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
                             if chat {
                                 api::chat_logprobs(&logprobs)
                             } else {
-                                api::completion_logprobs(&logprobs, 0)
+                                api::completion_logprobs(&logprobs)
                             }
                         });
                         srv.send(stream, &Response::json(200, &meta.answer(chat, &text, finish, usage, lp)));
