@@ -328,6 +328,54 @@ def test_integers_beyond_64_bits_are_out_of_range(server):
     assert err["code"] == "invalid_type" and "must be an integer" in err["message"]
 
 
+def test_head_follows_the_rules_of_get(server):
+    """Issue 14, case 5: HEAD /health needs no key, as GET /health; HEAD of any route is its GET without a body."""
+    for path, key in [("/health", False), ("/", False), ("/v1/models", True), ("/v1/models", False),
+                      ("/v1/nothing", True), ("/v1/completions", True)]:
+        g_st, g_hdrs, g_body = server.raw("GET", path, key=key)
+        h_st, h_hdrs, h_body = server.raw("HEAD", path, key=key)
+        assert h_st == g_st, (path, key, h_st, g_st)
+        assert h_body == b""
+        assert int(h_hdrs["content-length"]) == len(g_body) and h_hdrs["content-type"] == g_hdrs["content-type"]
+    assert server.raw("HEAD", "/health", key=False)[0] == 200
+    assert server.raw("HEAD", "/v1/models", key=False)[0] == 401
+    # Nothing follows the head on the wire either.
+    s = socket.create_connection((server.host, server.port), timeout=10)
+    s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    s.close()
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\n"), data
+
+
+@pytest.mark.parametrize("opt,value", [
+    ("--max-body", "0"), ("--read-timeout", "0"), ("--read-timeout", "18446744073709551615"),
+    ("--max-queue", "18446744073709551615"),
+])
+def test_limits_that_cannot_work_are_refused(smol_files, opt, value):
+    """Issue 14, case 8: a limit the server cannot work with is refused at start, on one line, with exit 2."""
+    p = subprocess.run([str(ml_bin()), "--server", str(smol_files[0]), "-z", str(smol_files[1]), "--port", "0",
+                        opt, value], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"krafla: {opt} must be"), p.stderr
+    assert "panicked" not in p.stderr
+
+
+def test_log_lines_escape_client_and_file_text(tmp_path, smol_files):
+    """A model id (from --alias or the file name) with control characters is logged escaped, on one line."""
+    evil = "evil\x1b]0;PWNED\x07\nkrafla: fake line"
+    srv = Server(tmp_path, smol_files, "--alias", evil, key=None)
+    try:
+        assert srv.client().models.list().data[0].id == evil  # the API gives it as it is (JSON escapes it)
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert "\x1b" not in log and "\x07" not in log, repr(log)
+    assert not any(line.startswith("krafla: fake line") for line in log.splitlines()), log
+
+
 # --------------------------------------------------------------- the cache
 
 def test_warm_cache_gives_bit_identical_logprobs(tmp_path, smol_files, server):

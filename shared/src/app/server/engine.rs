@@ -131,7 +131,7 @@ impl Engine {
                 if let Err(e) = result {
                     // The cache may be half-written: forget it.
                     self.generator.reset();
-                    eprintln!("krafla: request failed: {e}");
+                    super::log(&format!("krafla: request failed: {e}"));
                     let _ = job.events.send(Event::Error(e));
                 }
             }
@@ -203,13 +203,13 @@ impl Engine {
             });
         }
         let (prompt_s, gen_s) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
-        eprintln!(
+        super::log(&format!(
             "krafla: prompt {} tokens ({cached} cached, {:.1} tokens/s), generated {generated} tokens ({:.1} tokens/s), finish {}",
             p.len(),
             (p.len() - cached) as f64 / prompt_s.max(1e-9),
             generated as f64 / gen_s.max(1e-9),
             done.finish.as_str()
-        );
+        ));
         Ok(())
     }
 }

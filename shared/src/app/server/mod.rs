@@ -70,15 +70,46 @@ pub struct ServerArgs {
     /// Allow browser pages from this origin (e.g. http://localhost:3000, or *) to call the API.
     #[arg(long)]
     pub cors_origin: Option<String>,
-    /// Requests that may wait while one generates; more get 503.
+    /// Requests that may wait while one generates (0 to 4096); more get 503.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
-    /// Largest request body in bytes; larger gets 413.
+    /// Largest request body in bytes (at least 1); larger gets 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
-    /// Seconds a client has to send its whole request (also the timeout of each write).
+    /// Seconds a client has to send its whole request (also the timeout of each write; 1 to 86400).
     #[arg(long, default_value_t = 30)]
     pub read_timeout: u64,
+}
+
+/// The most requests `--max-queue` lets wait (each waiting request holds a thread).
+const MAX_QUEUE: usize = 4096;
+/// The longest `--read-timeout`: a day.
+const MAX_READ_TIMEOUT: u64 = 86_400;
+
+impl ServerArgs {
+    /// Refuses limits the server cannot work with: a body limit of 0 (every
+    /// API request has a body), a read timeout of 0 or beyond a day, a queue
+    /// larger than the threads it would hold.
+    fn check(&self) -> Result<(), String> {
+        if self.max_body == 0 {
+            return Err("--max-body must be at least 1 byte (every API request has a body)".into());
+        }
+        if !(1..=MAX_READ_TIMEOUT).contains(&self.read_timeout) {
+            return Err(format!("--read-timeout must be from 1 to {MAX_READ_TIMEOUT} seconds"));
+        }
+        if self.max_queue > MAX_QUEUE {
+            return Err(format!("--max-queue must be from 0 to {MAX_QUEUE}"));
+        }
+        Ok(())
+    }
+}
+
+/// Writes one line to the log (stderr), escaped onto one line without
+/// control characters: it may hold a client's or a file's text. A closed
+/// stderr loses the line but never stops the server.
+pub(crate) fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{}", super::escape_line(line));
 }
 
 /// What every connection thread shares.
@@ -112,9 +143,7 @@ pub(crate) fn unix_now() -> u64 {
 }
 
 fn run(args: ServerArgs) -> Result<(), String> {
-    if args.read_timeout == 0 {
-        return Err("--read-timeout must be at least 1 second".into());
-    }
+    args.check()?;
     let started = std::time::Instant::now();
     let (file, tokenizer) = args.run.open(Some(&args.model))?;
     let file = file.ok_or("no model given")?;
@@ -154,15 +183,18 @@ fn run(args: ServerArgs) -> Result<(), String> {
         connections: AtomicUsize::new(0),
         max_connections: args.max_queue + 64,
     });
-    eprintln!("{line}");
+    log(&line);
     if !addr.ip().is_loopback() && server.api_key.is_none() {
-        eprintln!("krafla: warning: listening on {} without --api-key: anyone who can reach it can use it", addr.ip());
+        log(&format!(
+            "krafla: warning: listening on {} without --api-key: anyone who can reach it can use it",
+            addr.ip()
+        ));
     }
-    eprintln!(
+    log(&format!(
         "krafla: model id '{}', chat template {}, listening on http://{addr}/v1 (chat page: http://{addr}/)",
         server.model_id,
         server.template.map_or("none", Template::name)
-    );
+    ));
     for conn in listener.incoming() {
         let Ok(stream) = conn else { continue };
         let srv = server.clone();
@@ -191,15 +223,23 @@ impl Server {
         let _ = http::write_response(stream, resp, &self.common_headers());
     }
 
+    /// The answer to a HEAD request: the head GET would get (its Content-Length
+    /// included), without the body.
+    fn send_head(&self, stream: &mut TcpStream, resp: &Response) {
+        use std::io::Write;
+        let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, http::reason(resp.status));
+        if !resp.content_type.is_empty() {
+            head += &format!("Content-Type: {}\r\n", resp.content_type);
+        }
+        for (k, v) in self.common_headers().iter().chain(&resp.headers) {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += &format!("Content-Length: {}\r\nConnection: close\r\n\r\n", resp.body.len());
+        let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.flush());
+    }
+
     pub(crate) fn send_error(&self, stream: &mut TcpStream, e: &ApiError) {
-        let mut resp = Response::json(e.status, &e.to_json());
-        if e.status == 401 {
-            resp.headers.push(("WWW-Authenticate".into(), "Bearer".into()));
-        }
-        if e.status == 503 {
-            resp.headers.push(("Retry-After".into(), "1".into()));
-        }
-        self.send(stream, &resp);
+        self.send(stream, &error_response(e));
     }
 
     fn authorized(&self, req: &Request) -> bool {
@@ -210,6 +250,18 @@ impl Server {
         });
         given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
     }
+}
+
+/// The answer of an error, with the headers its status calls for.
+fn error_response(e: &ApiError) -> Response {
+    let mut resp = Response::json(e.status, &e.to_json());
+    if e.status == 401 {
+        resp.headers.push(("WWW-Authenticate".into(), "Bearer".into()));
+    }
+    if e.status == 503 {
+        resp.headers.push(("Retry-After".into(), "1".into()));
+    }
+    resp
 }
 
 /// Equality whose time depends only on the lengths, not on where the bytes differ.
@@ -245,24 +297,42 @@ fn handle_connection(srv: &Server, mut stream: TcpStream) {
     route(srv, &mut stream, &req);
 }
 
+/// What a request gets: an answer, or a generation (which answers as it goes).
+enum Answer {
+    Send(Response),
+    Fail(ApiError),
+    Generate { chat: bool },
+}
+
 fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
+    // HEAD is GET without the body: the same route, the same API key rule, the same head.
+    let head = req.method == "HEAD";
+    let method = if head { "GET" } else { req.method.as_str() };
+    let resp = match answer(srv, req, method) {
+        Answer::Generate { chat } => return serve::generate(srv, stream, req, chat),
+        Answer::Send(resp) => resp,
+        Answer::Fail(e) => error_response(&e),
+    };
+    if head {
+        srv.send_head(stream, &resp);
+    } else {
+        srv.send(stream, &resp);
+    }
+}
+
+/// The answer to `method` (GET for a HEAD request, so that its head is GET's) on `req.path`.
+fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
     let path = req.path.trim_end_matches('/');
-    let method = req.method.as_str();
     // Browser preflight: answered only when --cors-origin allows it.
     if method == "OPTIONS" {
-        if srv.cors_origin.is_some() {
-            let mut resp = Response { status: 204, content_type: "", headers: Vec::new(), body: Vec::new() };
-            resp.headers.push(("Access-Control-Allow-Methods".into(), "GET, POST, OPTIONS".into()));
-            resp.headers.push(("Access-Control-Allow-Headers".into(), "Authorization, Content-Type".into()));
-            resp.headers.push(("Access-Control-Max-Age".into(), "600".into()));
-            srv.send(stream, &resp);
-        } else {
-            srv.send_error(
-                stream,
-                &ApiError::new(405, "method_not_allowed", "OPTIONS is not allowed (no --cors-origin)"),
-            );
+        if srv.cors_origin.is_none() {
+            return Answer::Fail(ApiError::new(405, "method_not_allowed", "OPTIONS is not allowed (no --cors-origin)"));
         }
-        return;
+        let mut resp = Response { status: 204, content_type: "", headers: Vec::new(), body: Vec::new() };
+        resp.headers.push(("Access-Control-Allow-Methods".into(), "GET, HEAD, POST, OPTIONS".into()));
+        resp.headers.push(("Access-Control-Allow-Headers".into(), "Authorization, Content-Type".into()));
+        resp.headers.push(("Access-Control-Max-Age".into(), "600".into()));
+        return Answer::Send(resp);
     }
     // Unauthenticated: liveness, and the static chat page (it holds no data; its API calls carry the key).
     match (method, path) {
@@ -272,10 +342,10 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
                 "busy": srv.queue.busy.load(Ordering::SeqCst),
                 "queued": srv.queue.waiting.load(Ordering::SeqCst),
             });
-            return srv.send(stream, &Response::json(200, &body));
+            return Answer::Send(Response::json(200, &body));
         }
         ("GET", "" | "/index.html") => {
-            let resp = Response {
+            return Answer::Send(Response {
                 status: 200,
                 content_type: "text/html; charset=utf-8",
                 headers: vec![
@@ -289,49 +359,55 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
                     ("Referrer-Policy".into(), "no-referrer".into()),
                 ],
                 body: CHAT_HTML.as_bytes().to_vec(),
-            };
-            return srv.send(stream, &resp);
+            });
         }
         _ => {}
     }
     if !srv.authorized(req) {
-        return srv.send_error(
-            stream,
-            &ApiError::new(
-                401,
-                "invalid_api_key",
-                "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
-            ),
-        );
+        return Answer::Fail(ApiError::new(
+            401,
+            "invalid_api_key",
+            "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+        ));
     }
     let model = || json!({"id": srv.model_id, "object": "model", "created": srv.created, "owned_by": "krafla"});
     match (method, path) {
-        ("GET", "/v1/models") => srv.send(stream, &Response::json(200, &json!({"object": "list", "data": [model()]}))),
+        ("GET", "/v1/models") => Answer::Send(Response::json(200, &json!({"object": "list", "data": [model()]}))),
         ("GET", p) if p.strip_prefix("/v1/models/").is_some_and(|id| id == srv.model_id) => {
-            srv.send(stream, &Response::json(200, &model()))
+            Answer::Send(Response::json(200, &model()))
         }
-        ("GET", p) if p.starts_with("/v1/models/") => srv.send_error(
-            stream,
-            &ApiError::new(
-                404,
-                "model_not_found",
-                format!("no model '{}' here; this server has '{}'", &p[11..], srv.model_id),
-            ),
-        ),
-        ("POST", "/v1/chat/completions") => serve::generate(srv, stream, req, true),
-        ("POST", "/v1/completions") => serve::generate(srv, stream, req, false),
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health") => srv.send_error(
-            stream,
-            &ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)),
-        ),
-        _ => {
-            srv.send_error(stream, &ApiError::new(404, "not_found", format!("no such endpoint: {method} {}", req.path)))
+        ("GET", p) if p.starts_with("/v1/models/") => Answer::Fail(ApiError::new(
+            404,
+            "model_not_found",
+            format!("no model '{}' here; this server has '{}'", &p[11..], srv.model_id),
+        )),
+        ("POST", "/v1/chat/completions") => Answer::Generate { chat: true },
+        ("POST", "/v1/completions") => Answer::Generate { chat: false },
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health") => {
+            Answer::Fail(ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)))
         }
+        _ => Answer::Fail(ApiError::new(404, "not_found", format!("no such endpoint: {method} {}", req.path))),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn limits_that_cannot_work_are_refused() {
+        use clap::Parser;
+        let check = |extra: &[&str]| {
+            let argv = ["ml_server", "m.mlb", "-z", "t.mlt"].iter().chain(extra);
+            super::ServerArgs::try_parse_from(argv).unwrap().check()
+        };
+        assert!(check(&[]).is_ok());
+        assert!(check(&["--max-queue", "0", "--max-body", "1", "--read-timeout", "86400"]).is_ok());
+        for (opt, v) in [("--max-body", "0"), ("--read-timeout", "0"), ("--read-timeout", "18446744073709551615")] {
+            let e = check(&[opt, v]).unwrap_err();
+            assert!(e.starts_with(opt) && !e.contains('\n'), "{e}");
+        }
+        assert!(check(&["--max-queue", "18446744073709551615"]).unwrap_err().starts_with("--max-queue"));
+    }
+
     #[test]
     fn constant_time_eq_is_equality() {
         use super::constant_time_eq as eq;
