@@ -150,3 +150,8 @@ def test_bench_refuses_lengths_beyond_the_context(smollm2_gguf):
     for args in (["-pp", "100000"], ["-pp", "9000"], ["-pp", "8", "-tg", "8192"]):
         p = run_ml(smollm2_gguf, "--bench", *args, "-r", "1", check=False, timeout=30)
         assert_clean_error(p, "do not fit the model's context of 8192 tokens")
+
+
+def test_thread_counts_beyond_any_machine_are_refused(tiny_mlb):
+    assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "-n", "1", "-t", "100000", check=False, timeout=30),
+                       "at most 1024 threads")

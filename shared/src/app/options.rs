@@ -21,6 +21,10 @@ use crate::kernels::ISA;
 use crate::model::{KvType, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
 
+/// More threads than this are a typing mistake, not a machine: each one is
+/// an OS thread with its own stack, and starting 100,000 takes minutes.
+const MAX_THREADS: usize = 1024;
+
 /// `--chat`: a template, or the one the tokenizer file records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChatChoice {
@@ -92,6 +96,7 @@ impl RunArgs {
     pub fn threads(&self) -> Result<usize, String> {
         match self.threads {
             Some(0) => Err("-t must be at least 1".into()),
+            Some(n) if n > MAX_THREADS => Err(format!("-t {n}: at most {MAX_THREADS} threads")),
             Some(n) => Ok(n),
             None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
