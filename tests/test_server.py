@@ -204,6 +204,36 @@ def test_stop_strings_never_leak(server):
     assert not any(stop in d for d in deltas)
 
 
+@pytest.mark.parametrize("field,value", [
+    ("top_p", 2), ("top_p", -0.5), ("temperature", -1), ("min_p", 5), ("repeat_penalty", 0),
+])
+def test_sampling_values_the_cli_refuses_get_400(server, field, value):
+    """Issue 14, case 3: the server checks sampling settings with the CLI's ranges (crate::sampler)."""
+    err = error_of(server.raw("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, field: value}), 400)
+    assert err["code"] == "invalid_value" and err["param"] == field
+    assert re.fullmatch(rf"'{field}' must be a number (from \S+ to \S+|above 0 and at most 100)", err["message"]), err
+    # NaN and infinities are not JSON at all.
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        body = f'{{"prompt": "x", "max_tokens": 1, "{field}": {bad}}}'
+        assert error_of(server.raw("POST", "/v1/completions", body), 400)["code"] == "invalid_json"
+
+
+def test_repeat_penalty_is_accepted(server):
+    r = server.client().completions.create(model=ALIAS, prompt="a a a a a a", max_tokens=4, temperature=0,
+                                           extra_body={"repeat_penalty": 1.5})
+    assert r.usage.completion_tokens == 4
+
+
+def test_integers_beyond_64_bits_are_out_of_range(server):
+    """Issue 14, case 8: `max_tokens` 2**64 is too large, not "not an integer"."""
+    for big in ("18446744073709551616", "-18446744073709551617", "1e30"):
+        body = '{"prompt": "x", "max_tokens": ' + big + "}"
+        err = error_of(server.raw("POST", "/v1/completions", body), 400)
+        assert err["code"] == "invalid_value" and "must be an integer from 1 to" in err["message"], (big, err)
+    err = error_of(server.raw("POST", "/v1/completions", '{"prompt": "x", "max_tokens": 2.5}'), 400)
+    assert err["code"] == "invalid_type" and "must be an integer" in err["message"]
+
+
 # --------------------------------------------------------------- the cache
 
 def test_warm_cache_gives_bit_identical_logprobs(tmp_path, smol_files, server):

@@ -24,12 +24,18 @@
 //!   cargo xtask kernel-tests [--isa NAME]
 //!                                     the kernel unit tests once per x86-64 variant, each
 //!                                     compiled with that variant's target features
+//!   cargo xtask fuzz [TARGET] [--seconds N] [--jobs J]
+//!                                     the cargo-fuzz targets of tests/fuzz/ (mlb, mlt, gguf,
+//!                                     http_head, json_request; default all), each for N s
+//!                                     (default 1800), J at a time (default 2); corpus kept in
+//!                                     target/fuzz-corpus/; fails on a crash (docs/FUZZING.md)
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod archive;
+mod fuzz;
 mod static_check;
 mod variants;
 use variants::{Variant, AARCH64_VARIANTS, ARM_VARIANTS, X86_64_VARIANTS};
@@ -546,8 +552,10 @@ fn main() {
         Some("check-static") => check_static(&args[1..]),
         Some("lint") => lint(),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         _ => Err("usage: cargo xtask quickstart [PROMPT] | models [DIR] | test | dist PLATFORM [--isa NAME] \
-                  | release PLATFORM | lint | check-static FILE... | kernel-tests [--isa NAME]"
+                  | release PLATFORM | lint | check-static FILE... | kernel-tests [--isa NAME] \
+                  | fuzz [TARGET] [--seconds N] [--jobs J]"
             .to_string()),
     };
     if let Err(e) = result {

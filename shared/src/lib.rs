@@ -18,6 +18,8 @@
 pub mod app;
 pub mod chat;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzz_entry;
 pub mod generate;
 pub mod import;
 pub mod kernels;

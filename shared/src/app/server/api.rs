@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 use super::engine::{GenParams, TokenLogprob};
 use crate::chat::{Message, Role};
 use crate::generate::Finish;
+use crate::sampler::{SettingRange, MIN_P, REPEAT_PENALTY, TEMPERATURE, TOP_P};
 
 /// An error answer in OpenAI's shape.
 #[derive(Debug)]
@@ -49,6 +50,15 @@ const DEFAULT_MIN_P: f64 = 0.05;
 const DEFAULT_COMPLETION_TOKENS: usize = 16;
 const MAX_STOPS: usize = 16;
 const MAX_TOP_LOGPROBS: i64 = 20;
+/// OpenAI's penalties: accepted, but only 0 is supported.
+const FREQUENCY_PENALTY: SettingRange = SettingRange {
+    name: "frequency_penalty",
+    min: -2.0,
+    max: 2.0,
+    min_excluded: false,
+    expected: "a number from -2 to 2",
+};
+const PRESENCE_PENALTY: SettingRange = SettingRange { name: "presence_penalty", ..FREQUENCY_PENALTY };
 
 #[derive(Debug)]
 pub enum Prompt {
@@ -107,6 +117,15 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// An integer too large for 64 bits (2^64, -2^63 - 1, 1e30): JSON has no
+/// limit, and serde_json reads such a number as a float (-2^63 - 1 rounds to
+/// -2^63, which as an integer would have fitted). Too large, not "not an
+/// integer"; a float with a fraction is not an integer.
+fn beyond_64_bits(n: &serde_json::Number) -> bool {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    n.as_f64().is_some_and(|x| x.fract() == 0.0 && x.abs() >= TWO_63)
+}
+
 fn wrong_type(key: &str, want: &str, got: &Value) -> ApiError {
     ApiError::field("invalid_type", key, format!("'{key}' must be {want}, not {}", type_name(got)))
 }
@@ -127,28 +146,27 @@ impl Fields<'_> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    fn number(&self, key: &str, lo: f64, hi: f64, range: &str) -> Result<Option<f64>, ApiError> {
+    /// A sampling setting, checked by the same range as the CLI's option.
+    fn number(&self, range: &SettingRange) -> Result<Option<f64>, ApiError> {
+        let key = range.name;
         match self.get(key) {
             None => Ok(None),
-            Some(Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                if x >= lo && x <= hi {
-                    Ok(Some(x))
-                } else {
-                    Err(out_of_range(key, range))
-                }
-            }
+            Some(Value::Number(n)) => range
+                .check(n.as_f64().unwrap_or(f64::NAN))
+                .map(Some)
+                .map_err(|msg| ApiError::field("invalid_value", key, msg)),
             Some(v) => Err(wrong_type(key, "a number", v)),
         }
     }
 
     fn int(&self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let range = || out_of_range(key, &format!("an integer from {lo} to {hi}"));
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) => match n.as_i64() {
                 Some(x) if x >= lo && x <= hi => Ok(Some(x)),
-                Some(_) => Err(out_of_range(key, &format!("an integer from {lo} to {hi}"))),
-                None if n.is_u64() => Err(out_of_range(key, &format!("an integer from {lo} to {hi}"))),
+                Some(_) => Err(range()),
+                None if n.is_u64() || beyond_64_bits(n) => Err(range()),
                 None => Err(wrong_type(key, "an integer", &Value::Number(n.clone()))),
             },
             Some(v) => Err(wrong_type(key, "an integer", v)),
@@ -173,13 +191,14 @@ impl Fields<'_> {
 }
 
 /// Fields both endpoints accept.
-const COMMON_FIELDS: [&str; 15] = [
+const COMMON_FIELDS: [&str; 16] = [
     "model",
     "max_tokens",
     "temperature",
     "top_p",
     "top_k",
     "min_p",
+    "repeat_penalty",
     "seed",
     "stop",
     "stream",
@@ -215,9 +234,9 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
     if f.int("n", 1, i64::MAX).map_err(|_| unsupported("n", "n other than 1"))?.is_some_and(|n| n != 1) {
         return Err(unsupported("n", "n other than 1"));
     }
-    for key in ["frequency_penalty", "presence_penalty"] {
-        if f.number(key, -2.0, 2.0, "a number from -2 to 2")?.is_some_and(|x| x != 0.0) {
-            return Err(unsupported(key, "a non-zero value"));
+    for range in [&FREQUENCY_PENALTY, &PRESENCE_PENALTY] {
+        if f.number(range)?.is_some_and(|x| x != 0.0) {
+            return Err(unsupported(range.name, "a non-zero value"));
         }
     }
     match f.get("logit_bias") {
@@ -228,15 +247,19 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
     }
 
     let mut max_tokens = f.int("max_tokens", 1, i64::MAX)?;
-    let temperature = f.number("temperature", 0.0, 2.0, "a number from 0 to 2")?.unwrap_or(DEFAULT_TEMPERATURE);
-    let top_p = f.number("top_p", 0.0, 1.0, "a number from 0 to 1")?.unwrap_or(1.0);
+    let temperature = f.number(&TEMPERATURE)?.unwrap_or(DEFAULT_TEMPERATURE);
+    let top_p = f.number(&TOP_P)?.unwrap_or(1.0);
     let top_k = f.int("top_k", 0, i64::MAX)?.unwrap_or(DEFAULT_TOP_K);
-    let min_p = f.number("min_p", 0.0, 1.0, "a number from 0 to 1")?.unwrap_or(DEFAULT_MIN_P);
+    let min_p = f.number(&MIN_P)?.unwrap_or(DEFAULT_MIN_P);
+    let repeat_penalty = f.number(&REPEAT_PENALTY)?.unwrap_or(1.0);
     let seed = match f.get("seed") {
         None => seed,
         Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
             (Some(i), _) => i as u64,
             (None, Some(u)) => u,
+            _ if beyond_64_bits(n) => {
+                return Err(out_of_range("seed", &format!("an integer from {} to {}", i64::MIN, u64::MAX)))
+            }
             _ => return Err(wrong_type("seed", "an integer", &Value::Number(n.clone()))),
         },
         Some(v) => return Err(wrong_type("seed", "an integer", v)),
@@ -326,6 +349,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         top_p: top_p as f32,
         top_k: usize::try_from(top_k).unwrap_or(usize::MAX),
         min_p: min_p as f32,
+        repeat_penalty: repeat_penalty as f32,
         seed,
         stop,
         logprobs,
@@ -645,6 +669,24 @@ mod tests {
             "unsupported_value"
         );
         assert_eq!(code(r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, true), "invalid_value");
+        // Sampling settings: the CLI's ranges and messages (crate::sampler).
+        let e = parse(r#"{"prompt":"x","top_p":2}"#, false).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), ("invalid_value", "'top_p' must be a number from 0 to 1"));
+        assert_eq!(code(r#"{"prompt":"x","temperature":-1}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","min_p":5}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","repeat_penalty":0}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","temperature":1e999}"#, false), "invalid_json");
+        assert_eq!(parse(r#"{"prompt":"x","repeat_penalty":1.3}"#, false).unwrap().params.repeat_penalty, 1.3);
+        // Integers beyond 64 bits are out of range; fractions are not integers.
+        for big in ["18446744073709551616", "-9223372036854775809", "1e30"] {
+            let e = parse(&format!(r#"{{"prompt":"x","max_tokens":{big}}}"#), false).unwrap_err();
+            assert_eq!(e.code, "invalid_value", "{big}: {}", e.message);
+            assert!(e.message.contains("an integer from 1 to"), "{}", e.message);
+        }
+        assert_eq!(code(r#"{"prompt":"x","seed":18446744073709551616}"#, false), "invalid_value");
+        assert!(parse(r#"{"prompt":"x","seed":18446744073709551615}"#, false).is_ok());
+        assert_eq!(code(r#"{"prompt":"x","max_tokens":1e30.5}"#, false), "invalid_json");
+        assert_eq!(code(r#"{"prompt":"x","max_tokens":3.5}"#, false), "invalid_type");
         let e = parse(r#"{"prompt":"x","max_tokens":"5"}"#, false).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(e.message.contains("max_tokens") && e.message.contains("string"), "{}", e.message);

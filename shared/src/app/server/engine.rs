@@ -24,6 +24,7 @@ pub struct GenParams {
     pub top_p: f32,
     pub top_k: usize,
     pub min_p: f32,
+    pub repeat_penalty: f32,
     pub seed: u64,
     pub stop: Vec<String>,
     /// Some(k): report each generated token's log-probability and the top k alternatives.
@@ -162,7 +163,7 @@ impl Engine {
                 top_k: params.top_k,
                 top_p: params.top_p,
                 min_p: params.min_p,
-                repeat_penalty: 1.0,
+                repeat_penalty: params.repeat_penalty,
                 seed: params.seed,
                 ..Default::default()
             },

@@ -45,47 +45,34 @@ fn reply(status: u16, code: &'static str, msg: impl Into<String>) -> ReadError {
     ReadError::Reply(status, code, msg.into())
 }
 
-/// Reads one request, within `limits.timeout` in total.
-pub fn read_request(stream: &mut TcpStream, limits: &Limits) -> Result<Request, ReadError> {
-    let deadline = Instant::now() + limits.timeout;
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 4096];
-    let (head_len, method, path, headers, http10) = loop {
-        {
-            let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut req = httparse::Request::new(&mut hdrs);
-            match req.parse(&buf) {
-                Ok(httparse::Status::Complete(n)) => {
-                    let headers = req
-                        .headers
-                        .iter()
-                        .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).trim().to_string()))
-                        .collect::<Vec<_>>();
-                    let target = req.path.unwrap_or("/");
-                    let path = target.split(['?', '#']).next().unwrap_or("/").to_string();
-                    break (n, req.method.unwrap_or("").to_string(), path, headers, req.version == Some(0));
-                }
-                Ok(httparse::Status::Partial) => {}
-                Err(httparse::Error::TooManyHeaders) => {
-                    return Err(reply(431, "headers_too_large", format!("more than {MAX_HEADERS} request headers")))
-                }
-                Err(e) => return Err(reply(400, "bad_request", format!("malformed HTTP request: {e}"))),
-            }
+/// The request head at the start of `buf`, with its length in bytes, or
+/// None while it is incomplete.
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, Request)>, ReadError> {
+    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut hdrs);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => {
+            let headers = req
+                .headers
+                .iter()
+                .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).trim().to_string()))
+                .collect::<Vec<_>>();
+            let target = req.path.unwrap_or("/");
+            let path = target.split(['?', '#']).next().unwrap_or("/").to_string();
+            let method = req.method.unwrap_or("").to_string();
+            Ok(Some((n, Request { method, path, headers, body: Vec::new(), http10: req.version == Some(0) })))
         }
-        if buf.len() >= MAX_HEAD {
-            return Err(reply(431, "headers_too_large", format!("the request head exceeds {MAX_HEAD} bytes")));
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            Err(reply(431, "headers_too_large", format!("more than {MAX_HEADERS} request headers")))
         }
-        match read_some(stream, &mut chunk, deadline) {
-            Ok(0) if buf.is_empty() => return Err(ReadError::Gone),
-            Ok(0) => return Err(reply(400, "bad_request", "the connection closed inside the request head")),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if is_timeout(&e) && buf.is_empty() => return Err(ReadError::Gone),
-            Err(e) if is_timeout(&e) => return Err(reply(408, "request_timeout", "timed out reading the request")),
-            Err(_) => return Err(ReadError::Gone),
-        }
-    };
-    let mut req = Request { method, path, headers, body: Vec::new(), http10 };
+        Err(e) => Err(reply(400, "bad_request", format!("malformed HTTP request: {e}"))),
+    }
+}
 
+/// The length of the body a request head announces: Content-Length only
+/// (no Transfer-Encoding), repeated headers agreeing, at most `max_body`.
+fn body_length(req: &Request, max_body: usize) -> Result<usize, ReadError> {
     if req.header("transfer-encoding").is_some() {
         return Err(reply(411, "length_required", "chunked request bodies are not supported: send a Content-Length"));
     }
@@ -103,13 +90,59 @@ pub fn read_request(stream: &mut TcpStream, limits: &Limits) -> Result<Request, 
         }
     }
     let length = length.unwrap_or(0);
-    if length > limits.max_body {
+    if length > max_body {
         return Err(reply(
             413,
             "request_too_large",
-            format!("the request body has {length} bytes, more than the limit of {} (--max-body)", limits.max_body),
+            format!("the request body has {length} bytes, more than the limit of {max_body} (--max-body)"),
         ));
     }
+    Ok(length)
+}
+
+/// The request in `buf` when the client sent exactly these bytes and then
+/// closed its end: the same head parse, framing and limits as
+/// `read_request`, without a socket (hostile-input tests, the fuzz target).
+pub fn parse_request(buf: &[u8], max_body: usize) -> Result<Request, ReadError> {
+    let (head_len, mut req) = match parse_head(buf)? {
+        Some(head) => head,
+        None if buf.len() >= MAX_HEAD => {
+            return Err(reply(431, "headers_too_large", format!("the request head exceeds {MAX_HEAD} bytes")))
+        }
+        None if buf.is_empty() => return Err(ReadError::Gone),
+        None => return Err(reply(400, "bad_request", "the connection closed inside the request head")),
+    };
+    let length = body_length(&req, max_body)?;
+    let body = &buf[head_len..];
+    if body.len() < length {
+        return Err(reply(400, "bad_request", "the connection closed inside the request body"));
+    }
+    req.body = body[..length].to_vec();
+    Ok(req)
+}
+
+/// Reads one request, within `limits.timeout` in total.
+pub fn read_request(stream: &mut TcpStream, limits: &Limits) -> Result<Request, ReadError> {
+    let deadline = Instant::now() + limits.timeout;
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let (head_len, mut req) = loop {
+        if let Some(head) = parse_head(&buf)? {
+            break head;
+        }
+        if buf.len() >= MAX_HEAD {
+            return Err(reply(431, "headers_too_large", format!("the request head exceeds {MAX_HEAD} bytes")));
+        }
+        match read_some(stream, &mut chunk, deadline) {
+            Ok(0) if buf.is_empty() => return Err(ReadError::Gone),
+            Ok(0) => return Err(reply(400, "bad_request", "the connection closed inside the request head")),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if is_timeout(&e) && buf.is_empty() => return Err(ReadError::Gone),
+            Err(e) if is_timeout(&e) => return Err(reply(408, "request_timeout", "timed out reading the request")),
+            Err(_) => return Err(ReadError::Gone),
+        }
+    };
+    let length = body_length(&req, limits.max_body)?;
     if req.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) && buf.len() - head_len < length {
         let _ = stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
     }
@@ -282,5 +315,51 @@ impl StreamWriter {
 
     pub fn stream(&self) -> &TcpStream {
         &self.stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(r: Result<Request, ReadError>) -> u16 {
+        match r {
+            Ok(_) => 200,
+            Err(ReadError::Gone) => 0,
+            Err(ReadError::Reply(s, _, _)) => s,
+        }
+    }
+
+    #[test]
+    fn parse_request_frames_the_body_by_content_length() {
+        let r = parse_request(b"POST /v1/completions?x=1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}extra", 10);
+        let Ok(r) = r else { panic!("not parsed") };
+        assert_eq!(
+            (r.method.as_str(), r.path.as_str(), &r.body[..], r.http10),
+            ("POST", "/v1/completions", &b"{}"[..], false)
+        );
+        assert_eq!(r.header("CONTENT-length"), Some("2"));
+    }
+
+    #[test]
+    fn parse_request_answers_what_read_request_answers() {
+        assert_eq!(status(parse_request(b"", 10)), 0);
+        assert_eq!(status(parse_request(b"GET / HTTP/1.1\r\n", 10)), 400);
+        assert_eq!(status(parse_request(b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 10)), 400);
+        assert_eq!(status(parse_request(b"GET / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", 10)), 413);
+        assert_eq!(status(parse_request(b"GET / HTTP/1.1\r\nContent-Length: +1\r\n\r\n", 10)), 400);
+        let conflicting = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab";
+        assert_eq!(status(parse_request(conflicting, 10)), 400);
+        let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n";
+        assert_eq!(status(parse_request(chunked, 10)), 411);
+        let mut flood = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            flood.extend(format!("X-{i}: 1\r\n").bytes());
+        }
+        assert_eq!(status(parse_request(&flood, 10)), 431);
+        let mut long = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        long.resize(MAX_HEAD, b'a');
+        assert_eq!(status(parse_request(&long, 10)), 431);
+        assert_eq!(status(parse_request(b"GET / HTTP/1.0\r\n\r\n", 0)), 200);
     }
 }

@@ -19,9 +19,9 @@
 //! around `generate::Generator`), `serve` (one generation request from queue
 //! to answer). Conversations are formatted by `crate::chat`.
 
-mod api;
+pub(crate) mod api;
 mod engine;
-mod http;
+pub(crate) mod http;
 mod serve;
 
 use std::ffi::OsString;

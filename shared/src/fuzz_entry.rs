@@ -1,0 +1,160 @@
+//! Entry points of the fuzz targets (`tests/fuzz/`, `cargo xtask fuzz`):
+//! one function per target, feeding arbitrary bytes to one input edge and,
+//! when it accepts them, to what a run does next with the result. Each
+//! returns normally for any input; a panic, an abort or an allocation
+//! beyond the fuzzer's limit is a bug.
+
+use crate::app::escape_line;
+use crate::app::server::{api, http};
+use crate::format::gguf::Gguf;
+use crate::format::mlb::Mlb;
+use crate::format::mlt;
+use crate::import::{gguf::import_model, tokenizer::import_tokenizer, ConvertType};
+use crate::model::Config;
+use crate::tokenizer::Tokenizer;
+
+/// The text encoded and decoded by a tokenizer that builds.
+const SAMPLE: &str = "Hello, world! 1234 héllo 😀 <|im_start|>\n  x";
+
+/// An error as the program prints it (`app::escape_line`) is one line
+/// without control characters, whatever file content it names.
+fn one_line(e: &str) {
+    assert!(!escape_line(e).contains(char::is_control), "error message not escaped: {e:?}");
+}
+
+/// Encodes and decodes `SAMPLE`; every id is in the vocabulary.
+fn exercise(tok: &Tokenizer) {
+    for add_special in [false, true] {
+        let ids = tok.encode(SAMPLE, add_special);
+        assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()), "id outside the vocabulary");
+        let _ = tok.decode(&ids);
+        let mut prev = None;
+        for &id in &ids {
+            let _ = tok.decode_piece(prev, id);
+            prev = Some(id);
+        }
+    }
+}
+
+/// An `.mlb` file, then the model configuration a load derives from it.
+pub fn mlb(data: &[u8]) {
+    match Mlb::from_bytes(data.to_vec(), "fuzz.mlb") {
+        Ok(f) => {
+            if let Err(e) = Config::from_mlb(&f) {
+                one_line(&e);
+            }
+        }
+        Err(e) => one_line(&e),
+    }
+}
+
+/// An `.mlt` file, then the tokenizer built from it, encoding and decoding.
+pub fn mlt(data: &[u8]) {
+    let raw = match mlt::parse(data) {
+        Ok(raw) => raw,
+        Err(e) => return one_line(&e),
+    };
+    match Tokenizer::build(raw) {
+        Ok(tok) => exercise(&tok),
+        Err(e) => one_line(&e),
+    }
+}
+
+/// A GGUF file, then its tokenizer and its model import (tensors converted
+/// in memory: bounded by a small multiple of the file's size) and the
+/// configuration of the imported model.
+pub fn gguf(data: &[u8]) {
+    let g = match Gguf::from_bytes(data.to_vec(), "fuzz.gguf") {
+        Ok(g) => g,
+        Err(e) => return one_line(&e),
+    };
+    match import_tokenizer(&g).and_then(Tokenizer::build) {
+        Ok(tok) => exercise(&tok),
+        Err(e) => one_line(&e),
+    }
+    match import_model(g, ConvertType::Auto) {
+        Ok(m) => {
+            if let Err(e) = Config::from_mlb(&m) {
+                one_line(&e);
+            }
+        }
+        Err(e) => one_line(&e),
+    }
+}
+
+/// Bytes a client sent before closing: the HTTP head, its framing and the body.
+pub fn http_head(data: &[u8]) {
+    const MAX_BODY: usize = 1 << 12;
+    if let Ok(req) = http::parse_request(data, MAX_BODY) {
+        assert!(req.body.len() <= MAX_BODY, "body beyond the limit");
+        let _ = req.header("content-length");
+    }
+}
+
+/// A request body of the API: the JSON object, then the request of both endpoints.
+pub fn json_request(data: &[u8]) {
+    if let Ok(obj) = api::parse_object(data) {
+        for chat in [false, true] {
+            let _ = api::parse_request(&obj, chat, 7);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every committed seed of every fuzz target runs through its entry
+    /// point cleanly (what the fuzzer starts from keeps parsing).
+    #[test]
+    fn the_seeds_run_cleanly() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
+        let targets: [(&str, fn(&[u8])); 5] = [
+            ("mlb", super::mlb),
+            ("mlt", super::mlt),
+            ("gguf", super::gguf),
+            ("http_head", super::http_head),
+            ("json_request", super::json_request),
+        ];
+        for (name, run) in targets {
+            let dir = seeds.join(name);
+            let mut n = 0;
+            for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+                let path = entry.unwrap().path();
+                run(&std::fs::read(&path).unwrap());
+                n += 1;
+            }
+            assert!(n > 0, "no seeds for {name}");
+        }
+    }
+
+    /// The file seeds are valid files, so the fuzzer starts past the parsers:
+    /// each `.mlb` gives a configuration, each `.mlt` a tokenizer, the GGUF
+    /// model imports.
+    #[test]
+    fn the_file_seeds_load() {
+        use super::*;
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
+        let files = |t: &str| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(seeds.join(t))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+                .collect();
+            v.sort();
+            v
+        };
+        for (name, bytes) in files("mlb") {
+            let f = Mlb::from_bytes(bytes, &name).unwrap();
+            Config::from_mlb(&f).unwrap();
+        }
+        for (name, bytes) in files("mlt") {
+            Tokenizer::from_bytes(&bytes, &name).unwrap();
+        }
+        for (name, bytes) in files("gguf") {
+            let g = Gguf::from_bytes(bytes, &name).unwrap();
+            Tokenizer::build(import_tokenizer(&g).unwrap()).unwrap();
+            if name.ends_with("llama-1layer.gguf") {
+                Config::from_mlb(&import_model(g, ConvertType::Auto).unwrap()).unwrap();
+            }
+        }
+    }
+}

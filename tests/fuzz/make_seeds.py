@@ -1,0 +1,192 @@
+"""Writes the fuzz targets' seed corpora (tests/fuzz/seeds/<target>/): small
+real inputs made by the project's own tools, so the fuzzer starts from files
+that parse.
+
+  .mlb   the metadata of each tiny Hugging Face fixture (../shared/fixtures/
+         hf-tiny/<family>, converted by tools/convert.py) with two small
+         tensors instead of the weights: a model configuration goes through
+         every check, and a seed stays below 2 KB;
+  .mlt   the SmolLM2 (byte-level) and Gemma 3 (SentencePiece) tokenizers of
+         ../shared/fixtures/tokenizers cut to their first tokens (and the
+         merges among them) by tools/convert_tokenizer.py, and the tokenizer
+         of the GGUF seed below;
+  GGUF   a one-layer Llama (SentencePiece tokenizer, Q8_0/F16/F32 tensors)
+         and a tensorless file with a byte-level (gpt2) tokenizer, written
+         with the `gguf` package as tests/test_gguf.py does;
+  HTTP, JSON   requests as tests/test_server.py sends them.
+
+Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt).
+"""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+SEEDS = ROOT / "tests" / "fuzz" / "seeds"
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gguf  # noqa: E402
+
+import convert_tokenizer as ct  # noqa: E402
+import mlb  # noqa: E402
+
+MLB_FAMILIES = ["llama2", "gemma2-softcap", "gemma3-local-global", "qwen3_5-hybrid", "mistral-swa",
+                "llama3-scaled", "smollm3-nope"]
+
+
+def put(target, name, data):
+    d = SEEDS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+
+
+def mlb_seeds(tmp):
+    norm = np.ones(32, dtype="<f4").tobytes()
+    q8 = mlb.encode(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), mlb.Q8_0)
+    for fam in MLB_FAMILIES:
+        full = tmp / f"{fam}.mlb"
+        subprocess.run([sys.executable, str(ROOT / "tools" / "convert.py"), str(FIXTURES / "hf-tiny" / fam),
+                        "-o", str(full), "--type", "q8_0"], check=True, capture_output=True)
+        meta = mlb.MlbReader(full).meta
+        small = tmp / f"{fam}-small.mlb"
+        with open(small, "wb") as f:
+            mlb.write_mlb(f, meta, [("output_norm", mlb.F32, [32], lambda: norm),
+                                    ("token_embd", mlb.Q8_0, [2, 32], lambda: q8)])
+        put("mlb", f"{fam}.mlb", small.read_bytes())
+
+
+def cut(tok, n):
+    """The tokenizer restricted to its first `n` tokens and the merges among them."""
+    tokens = tok["tokens"][:n]
+    keep = set(range(n))
+    tok = dict(tok, tokens=tokens, types=tok["types"][:n],
+               scores=tok["scores"][:n] if tok["scores"] else None,
+               token_to_id={t: i for t, i in tok["token_to_id"].items() if i < n})
+    tok["merges"] = [(a, b) for a, b in tok["merges"]
+                     if a in keep and b in keep and tok["token_to_id"].get(tokens[a] + tokens[b], n) < n]
+    for k in ("bos", "eos", "eot", "unk", "pad"):
+        if tok[k] is not None and tok[k] >= n:
+            tok[k] = None
+    return tok
+
+
+def mlt_seeds(tmp):
+    smol = ct.finish(ct.read_tokenizer_json(FIXTURES / "tokenizers" / "smollm2" / "tokenizer.json"))
+    put("mlt", "smollm2-600.mlt", ct.encode_mlt(cut(smol, 600)))
+    gemma = ct.finish(ct.read_tokenizer_json(FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json"))
+    put("mlt", "gemma3-600.mlt", ct.encode_mlt(cut(gemma, 600)))
+    put("mlt", "llama-gguf.mlt", ct.encode_mlt(ct.finish(ct.read_gguf(tmp / "llama.gguf"))))
+
+
+def gguf_seeds(tmp):
+    # A one-layer Llama: SentencePiece tokens as tests/test_gguf.py writes them.
+    d, ff, vocab = 32, 64, 300
+    rng = np.random.default_rng(14)
+    path = tmp / "llama.gguf"
+    gw = gguf.GGUFWriter(str(path), "llama")
+    gw.add_block_count(1)
+    gw.add_context_length(64)
+    gw.add_embedding_length(d)
+    gw.add_feed_forward_length(ff)
+    gw.add_head_count(2)
+    gw.add_head_count_kv(1)
+    gw.add_rope_freq_base(10000.0)
+    gw.add_layer_norm_rms_eps(1e-5)
+    gw.add_vocab_size(vocab)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tokens += [f"\u2581t{i}" for i in range(vocab - len(tokens))]
+    gw.add_tokenizer_model("llama")
+    gw.add_token_list(tokens)
+    gw.add_token_scores([-float(i) for i in range(vocab)])
+    gw.add_token_types([2, 3, 3, *([6] * 256), *([1] * (vocab - 259))])
+    gw.add_bos_token_id(1)
+    gw.add_eos_token_id(2)
+    gw.add_chat_template("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}")
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    gw.add_tensor("token_embd.weight", gguf.quants.quantize(w(vocab, d), q8), raw_dtype=q8)
+    gw.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    for name, shape in [("attn_q", (d, d)), ("attn_k", (16, d)), ("attn_v", (16, d)), ("attn_output", (d, d)),
+                        ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))]:
+        gw.add_tensor(f"blk.0.{name}.weight", w(*shape).astype(np.float16))
+    for name in ("attn_norm", "ffn_norm"):
+        gw.add_tensor(f"blk.0.{name}.weight", np.ones(d, dtype=np.float32))
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
+    put("gguf", "llama-1layer.gguf", path.read_bytes())
+
+    # Metadata only: a byte-level BPE tokenizer (GPT-2's byte alphabet and a few merges).
+    alphabet = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
+        [chr(c) for c in range(174, 256)]
+    alphabet += [chr(256 + i) for i in range(256 - len(alphabet))]
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+    tokens = alphabet + [m.replace(" ", "") for m in merges] + ["<|im_start|>", "<|im_end|>"]
+    path = tmp / "gpt2.gguf"
+    gw = gguf.GGUFWriter(str(path), "qwen2")
+    gw.add_tokenizer_model("gpt2")
+    gw.add_tokenizer_pre("qwen2")
+    gw.add_token_list(tokens)
+    gw.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+    gw.add_token_merges(merges)
+    gw.add_eos_token_id(len(tokens) - 1)
+    gw.add_add_bos_token(False)
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
+    put("gguf", "gpt2-tokenizer.gguf", path.read_bytes())
+
+
+HTTP = {
+    "get-health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n",
+    "head-models": b"HEAD /v1/models?x=1 HTTP/1.0\r\nAuthorization: Bearer k\r\n\r\n",
+    "post-completions": b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 33\r\n\r\n{\"prompt\": \"Hi\", \"max_tokens\": 4}",
+    "post-chat-expect": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                        b"Content-Length: 48\r\nContent-Length: 48\r\n\r\n"
+                        b"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+    "chunked": b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "options-cors": b"OPTIONS /v1/chat/completions HTTP/1.1\r\nOrigin: http://localhost:3000\r\n"
+                    b"Access-Control-Request-Method: POST\r\n\r\n",
+}
+
+JSON = {
+    "completion": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": ["\n"],
+                   "logprobs": 2, "echo": False, "stream": True, "stream_options": {"include_usage": True}},
+    "completion-ids": {"prompt": [1, 2, 3], "max_tokens": 2, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+                       "repeat_penalty": 1.1, "n": 1, "user": "u"},
+    "chat": {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                                        {"role": "assistant", "content": "Hello"},
+                                        {"role": "user", "content": "😀 中文"}],
+             "max_completion_tokens": 16, "temperature": 0.7, "logprobs": True, "top_logprobs": 3,
+             "stop": "END", "presence_penalty": 0, "frequency_penalty": 0, "response_format": {"type": "text"}},
+}
+
+
+def main():
+    with tempfile.TemporaryDirectory() as t:
+        tmp = pathlib.Path(t)
+        gguf_seeds(tmp)
+        mlt_seeds(tmp)
+        mlb_seeds(tmp)
+    for name, data in HTTP.items():
+        put("http_head", name, data)
+    for name, body in JSON.items():
+        put("json_request", name, json.dumps(body, ensure_ascii=False).encode())
+    total = sum(p.stat().st_size for p in SEEDS.rglob("*") if p.is_file())
+    print(f"seeds: {total} bytes in {SEEDS}")
+
+
+if __name__ == "__main__":
+    main()
