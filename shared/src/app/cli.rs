@@ -16,7 +16,7 @@ use super::options::{startup_line, ModelFile, RunArgs};
 use super::stdout;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::model::LogitsFor;
-use crate::sampler::SamplerConfig;
+use crate::sampler::{self, SamplerConfig, SettingRange};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Parser, Debug)]
@@ -35,17 +35,19 @@ pub struct Args {
     /// Tokens to generate [default: 256; in the chat, until the answer ends].
     #[arg(short = 'n', long = "n-predict")]
     pub n_predict: Option<usize>,
-    /// Temperature; 0 is greedy.
-    #[arg(short = 'T', long = "temp", default_value_t = 0.0)]
+    /// Temperature, 0 to 2; 0 is greedy.
+    #[arg(short = 'T', long = "temp", default_value_t = 0.0, value_parser = setting(&sampler::TEMPERATURE))]
     pub temperature: f32,
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
+    /// Nucleus sampling, 0 to 1.
+    #[arg(long, default_value_t = 0.95, value_parser = setting(&sampler::TOP_P))]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
+    /// Minimum probability relative to the most likely token, 0 to 1.
+    #[arg(long, default_value_t = 0.05, value_parser = setting(&sampler::MIN_P))]
     pub min_p: f32,
-    /// Penalty for tokens among the last 64 (1.0 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalty for tokens among the last 64 (1.0 = off), above 0 and at most 100.
+    #[arg(long, default_value_t = 1.0, value_parser = setting(&sampler::REPEAT_PENALTY))]
     pub repeat_penalty: f32,
     /// Random seed for sampling (default: from the clock).
     #[arg(long)]
@@ -80,6 +82,15 @@ pub struct Args {
     /// --perplexity: score at most this many chunks (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
+}
+
+/// The command-line parser of a sampling setting: the range the server
+/// checks too (`sampler::SettingRange`).
+fn setting(range: &'static SettingRange) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let v: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+        range.check(v).map(|v| v as f32)
+    }
 }
 
 /// `ml_run ARGS`.

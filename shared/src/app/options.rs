@@ -21,6 +21,10 @@ use crate::kernels::ISA;
 use crate::model::{KvType, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
 
+/// More threads than this are a typing mistake, not a machine: each one is
+/// an OS thread with its own stack, and starting 100,000 takes minutes.
+const MAX_THREADS: usize = 1024;
+
 /// `--chat`: a template, or the one the tokenizer file records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChatChoice {
@@ -92,6 +96,7 @@ impl RunArgs {
     pub fn threads(&self) -> Result<usize, String> {
         match self.threads {
             Some(0) => Err("-t must be at least 1".into()),
+            Some(n) if n > MAX_THREADS => Err(format!("-t {n}: at most {MAX_THREADS} threads")),
             Some(n) => Ok(n),
             None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
@@ -143,13 +148,7 @@ impl RunArgs {
         }
         let model = Model::from_mlb(Arc::new(mlb), LoadOptions { repack: !self.no_repack })?;
         if let Some(t) = tokenizer {
-            if t.vocab_size() > model.config.vocab_size {
-                return Err(format!(
-                    "tokenizer has {} tokens but the model only {}: they do not belong together",
-                    t.vocab_size(),
-                    model.config.vocab_size
-                ));
-            }
+            check_vocab_sizes(t.vocab_size(), model.config.vocab_size)?;
         }
         Ok(Arc::new(model))
     }
@@ -218,6 +217,25 @@ impl ModelFile {
     }
 }
 
+/// A tokenizer and a model belong together when every token has an
+/// embedding row and the model has no more rows than padding explains:
+/// models round their vocabulary up (Qwen2.5: 151,665 tokens, 151,936 rows),
+/// by far less than 1/64 of it or 1,024 rows. The padding rows are never
+/// sampled (generate::Generator::decode).
+pub fn check_vocab_sizes(tokens: usize, rows: usize) -> Result<(), String> {
+    let padding = (rows / 64).max(1024);
+    if tokens > rows {
+        Err(format!("the tokenizer has {tokens} tokens but the model only {rows}: they do not belong together"))
+    } else if rows - tokens > padding {
+        Err(format!(
+            "the tokenizer has {tokens} tokens but the model {rows}, more than padding explains \
+             (at most {padding} more): they do not belong together"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// The line both executables print when a model is loaded: the build, the
 /// threads, the model, how long loading took and the memory it takes.
 pub fn startup_line(
@@ -250,6 +268,15 @@ pub fn startup_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vocab_sizes_allow_padding_only() {
+        assert!(check_vocab_sizes(151_665, 151_936).is_ok());
+        assert!(check_vocab_sizes(49_152, 49_152).is_ok());
+        assert!(check_vocab_sizes(400, 49_152).unwrap_err().contains("more than padding explains"));
+        assert!(check_vocab_sizes(49_153, 49_152).unwrap_err().contains("the model only 49152"));
+        assert!(check_vocab_sizes(1, 1025).is_ok() && check_vocab_sizes(1, 1026).is_err());
+    }
 
     #[test]
     fn chat_choices_are_auto_and_every_template() {

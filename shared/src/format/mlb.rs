@@ -352,7 +352,10 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     if n_tensors > MAX_TENSORS {
         return Err(format!("tensor count {n_tensors} exceeds the limit {MAX_TENSORS}"));
     }
-    c.u32("reserved field")?;
+    let reserved = c.u32("reserved field")?;
+    if reserved != 0 {
+        return Err(format!("the header's reserved field is {reserved}; it must be 0"));
+    }
 
     let mut meta = Vec::new();
     let mut keys = std::collections::HashSet::new();
@@ -595,6 +598,9 @@ mod tests {
         let mut b = good.clone();
         patch_u32(&mut b, 16, u32::MAX);
         check(b, "tensor count");
+        let mut b = good.clone();
+        patch_u32(&mut b, 20, 1);
+        check(b, "reserved field is 1; it must be 0");
         // first key length huge
         let mut b = good.clone();
         patch_u32(&mut b, 24, 0xffff_fff0);

@@ -174,7 +174,9 @@ impl Generator {
             if tokens.len() >= params.max_tokens {
                 break Finish::Length;
             }
-            let next = sampler.sample(&logits, &history);
+            // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
+            let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
+            let next = sampler.sample(&logits[..n], &history);
             if params.stop_ids.contains(&next) {
                 break Finish::Stop;
             }

@@ -106,6 +106,23 @@ impl Config {
         };
         let opt_int = |key: &str, default: i64| -> Result<i64, String> { Ok(f.get_int(key)?.unwrap_or(default)) };
         let opt_float = |key: &str, default: f64| -> Result<f64, String> { Ok(f.get_float(key)?.unwrap_or(default)) };
+        // every optional number below has its range (docs/FORMAT.md), checked here
+        let flag = |key: &str| -> Result<bool, String> {
+            match opt_int(key, 0)? {
+                0 => Ok(false),
+                1 => Ok(true),
+                v => Err(format!("{p}: metadata '{key}' = {v} must be 0 or 1")),
+            }
+        };
+        let float_in = |key: &str, default: f64, valid: fn(f64) -> bool, what: &str| -> Result<f64, String> {
+            let v = opt_float(key, default)?;
+            if v.is_finite() && valid(v) {
+                Ok(v)
+            } else {
+                Err(format!("{p}: metadata '{key}' = {v} must be {what}"))
+            }
+        };
+        let positive = |v: f64| v > 0.0;
 
         let arch_name = f.require_str("arch")?.to_string();
         const KNOWN: [&str; 9] =
@@ -121,12 +138,12 @@ impl Config {
         let head_dim = int("head_dim", 2, 4096)?;
         let ffn_dim = int("ffn_dim", 1, LIMIT_WIDTH * 8)?;
         let context_length = int("context_length", 1, LIMIT_CONTEXT)?;
-        let norm_eps = f.require_float("norm_eps")? as f32;
+        let norm_eps = f.require_float("norm_eps")?;
         if n_heads % n_kv_heads != 0 {
             return Err(format!("{p}: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"));
         }
-        if !(norm_eps.is_finite() && norm_eps >= 0.0) {
-            return Err(format!("{p}: norm_eps {norm_eps} is not a non-negative number"));
+        if !(norm_eps > 0.0 && norm_eps <= 1.0) {
+            return Err(format!("{p}: metadata 'norm_eps' = {norm_eps} must be a number above 0 and at most 1"));
         }
 
         let activation = match f.get_str("ffn_act")?.unwrap_or("silu") {
@@ -151,21 +168,25 @@ impl Config {
         }
         let mut inv_freq_global = rope_inv_freq(theta, rope_dim);
         let inv_freq_local = rope_inv_freq(local_theta, rope_dim);
-        let factor = opt_float("rope_scaling_factor", 1.0)?;
+        let factor = float_in("rope_scaling_factor", 1.0, positive, "a positive number")?;
         match f.get_str("rope_scaling")?.unwrap_or("none") {
             "none" => {}
             "linear" => inv_freq_global.iter_mut().for_each(|v| *v = (*v as f64 / factor) as f32),
-            "llama3" => llama3_scale(
-                &mut inv_freq_global,
-                factor,
-                opt_float("rope_low_freq_factor", 1.0)?,
-                opt_float("rope_high_freq_factor", 4.0)?,
-                opt_int("rope_original_context", 8192)? as f64,
-            ),
+            "llama3" => {
+                let low = float_in("rope_low_freq_factor", 1.0, positive, "a positive number")?;
+                let high = float_in("rope_high_freq_factor", 4.0, positive, "a positive number")?;
+                if high <= low {
+                    return Err(format!("{p}: rope_high_freq_factor {high} must be above rope_low_freq_factor {low}"));
+                }
+                let original = opt_int("rope_original_context", 8192)?;
+                if !(1..=LIMIT_CONTEXT).contains(&original) {
+                    return Err(format!(
+                        "{p}: metadata 'rope_original_context' = {original} is outside 1..={LIMIT_CONTEXT}"
+                    ));
+                }
+                llama3_scale(&mut inv_freq_global, factor, low, high, original as f64)
+            }
             other => return Err(format!("{p}: unknown rope_scaling '{other}'")),
-        }
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(format!("{p}: rope_scaling_factor {factor} is not a positive number"));
         }
         // llama.cpp's form of RoPE scaling (its rope_freqs tensor): each
         // global frequency divided by its own factor
@@ -198,9 +219,19 @@ impl Config {
                 _ => Err(format!("{p}: layer {i} has unknown kind {k}")),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let layer_rope = per_layer("layer_rope", 1)?.into_iter().map(|v| v != 0).collect();
+        let layer_rope = per_layer("layer_rope", 1)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                0 | 1 => Ok(v == 1),
+                _ => Err(format!("{p}: 'layer_rope' of layer {i} is {v}; it must be 0 or 1")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let sliding_window = opt_int("sliding_window", 0)?;
-        if sliding_window < 0 || (sliding_window == 0 && layer_kinds.contains(&LayerKind::Sliding)) {
+        if !(0..=LIMIT_CONTEXT).contains(&sliding_window) {
+            return Err(format!("{p}: metadata 'sliding_window' = {sliding_window} is outside 0..={LIMIT_CONTEXT}"));
+        }
+        if sliding_window == 0 && layer_kinds.contains(&LayerKind::Sliding) {
             return Err(format!("{p}: sliding layers need a positive sliding_window (got {sliding_window})"));
         }
         let mut deltanet = DeltaNetDims::default();
@@ -216,7 +247,9 @@ impl Config {
                 return Err(format!("{p}: linear_n_v_heads is not a multiple of linear_n_k_heads"));
             }
         }
-        let query_scale = opt_float("query_scale", 1.0 / (head_dim as f64).sqrt())? as f32;
+        let query_scale = float_in("query_scale", 1.0 / (head_dim as f64).sqrt(), positive, "a positive number")?;
+        let non_negative = |v: f64| v >= 0.0;
+        let softcap_rule = "0 (off) or a positive number";
         Ok(Config {
             arch: arch_name,
             vocab_size,
@@ -227,11 +260,11 @@ impl Config {
             head_dim,
             ffn_dim,
             context_length,
-            norm_eps,
-            norm_unit_offset: opt_int("norm_unit_offset", 0)? != 0,
-            norm_sandwich: opt_int("norm_sandwich", 0)? != 0,
-            embed_scale: opt_float("embed_scale", 1.0)? as f32,
-            tie_embeddings: opt_int("tie_embeddings", 0)? != 0,
+            norm_eps: norm_eps as f32,
+            norm_unit_offset: flag("norm_unit_offset")?,
+            norm_sandwich: flag("norm_sandwich")?,
+            embed_scale: float_in("embed_scale", 1.0, positive, "a positive number")? as f32,
+            tie_embeddings: flag("tie_embeddings")?,
             activation,
             rope_style,
             rope_dim,
@@ -240,11 +273,11 @@ impl Config {
             layer_kinds,
             layer_rope,
             sliding_window: sliding_window as usize,
-            query_scale,
-            attn_softcap: opt_float("attn_softcap", 0.0)? as f32,
-            final_softcap: opt_float("final_softcap", 0.0)? as f32,
-            qk_norm: opt_int("qk_norm", 0)? != 0,
-            attn_output_gate: opt_int("attn_output_gate", 0)? != 0,
+            query_scale: query_scale as f32,
+            attn_softcap: float_in("attn_softcap", 0.0, non_negative, softcap_rule)? as f32,
+            final_softcap: float_in("final_softcap", 0.0, non_negative, softcap_rule)? as f32,
+            qk_norm: flag("qk_norm")?,
+            attn_output_gate: flag("attn_output_gate")?,
             deltanet,
         })
     }
@@ -313,12 +346,65 @@ mod tests {
             ("head_dim", 16),
             ("ffn_dim", 64),
             ("context_length", 64),
+            ("norm_eps", 0),
         ] {
-            meta.push((k, MetaValue::Int(v)));
+            // a key in `extra` replaces the default
+            if !extra.iter().any(|(e, _)| *e == k) {
+                meta.push((k, if k == "norm_eps" { MetaValue::Float(1e-5) } else { MetaValue::Int(v) }));
+            }
         }
-        meta.push(("norm_eps", MetaValue::Float(1e-5)));
         meta.extend(extra.iter().cloned());
         Config::from_mlb(&Mlb::from_bytes(write_mlb(&meta, &[]), "c.mlb")?)
+    }
+
+    #[test]
+    fn meaningless_hyperparameters_are_refused_with_the_key() {
+        let nan = f64::NAN;
+        let inf = f64::INFINITY;
+        let floats: &[(&str, &[f64])] = &[
+            ("query_scale", &[nan, inf, 0.0, -1.0]),
+            ("attn_softcap", &[nan, -1.0, inf]),
+            ("final_softcap", &[nan, -1.0, inf]),
+            ("embed_scale", &[nan, inf, 0.0]),
+            ("norm_eps", &[0.0, -1e-5, nan, inf, 2.0]),
+            ("rope_scaling_factor", &[0.0, nan]),
+        ];
+        for (key, values) in floats {
+            for &v in *values {
+                let err = config_with(&[(key, MetaValue::Float(v))]).err().unwrap_or_else(|| panic!("{key} = {v}"));
+                assert!(err.contains(&format!("'{key}' = ")), "{err}");
+            }
+        }
+        let ints: &[(&str, &[i64])] = &[
+            ("norm_unit_offset", &[-1, 5, 1 << 31]),
+            ("tie_embeddings", &[-1, 2, 100000]),
+            ("norm_sandwich", &[2]),
+            ("qk_norm", &[-1]),
+            ("attn_output_gate", &[3]),
+            ("sliding_window", &[-1, 1 << 40]),
+        ];
+        for (key, values) in ints {
+            for &v in *values {
+                let err = config_with(&[(key, MetaValue::Int(v))]).err().unwrap_or_else(|| panic!("{key} = {v}"));
+                assert!(err.contains(&format!("'{key}' = ")), "{err}");
+            }
+        }
+        let llama3 = |extra: (&'static str, MetaValue)| {
+            config_with(&[("rope_scaling", MetaValue::Str("llama3".into())), extra]).err().unwrap()
+        };
+        assert!(llama3(("rope_high_freq_factor", MetaValue::Float(1.0))).contains("rope_high_freq_factor"));
+        assert!(llama3(("rope_original_context", MetaValue::Int(0))).contains("rope_original_context"));
+        let err = config_with(&[("layer_rope", MetaValue::IntArray(vec![2]))]).err().unwrap();
+        assert!(err.contains("layer_rope"), "{err}");
+        // the edges that are valid
+        let ok = config_with(&[
+            ("attn_softcap", MetaValue::Float(0.0)),
+            ("final_softcap", MetaValue::Float(30.0)),
+            ("tie_embeddings", MetaValue::Int(1)),
+            ("norm_eps", MetaValue::Float(1.0)),
+        ])
+        .unwrap();
+        assert!(ok.tie_embeddings && ok.final_softcap == 30.0);
     }
 
     #[test]
