@@ -258,11 +258,20 @@ fn head(status: u16, content_type: &str, headers: &[(String, String)], framing: 
     h.into_bytes()
 }
 
-pub fn write_response(stream: &mut TcpStream, resp: &Response, common: &[(String, String)]) -> std::io::Result<()> {
+/// Sends `resp`; without `with_body` (a HEAD request) only its head, the
+/// Content-Length still that of the body.
+pub fn write_response(
+    stream: &mut TcpStream,
+    resp: &Response,
+    common: &[(String, String)],
+    with_body: bool,
+) -> std::io::Result<()> {
     let mut headers = common.to_vec();
     headers.extend(resp.headers.iter().cloned());
     let mut out = head(resp.status, resp.content_type, &headers, &format!("Content-Length: {}\r\n", resp.body.len()));
-    out.extend_from_slice(&resp.body);
+    if with_body {
+        out.extend_from_slice(&resp.body);
+    }
     stream.write_all(&out)?;
     stream.flush()
 }

@@ -220,22 +220,13 @@ impl Server {
     }
 
     pub(crate) fn send(&self, stream: &mut TcpStream, resp: &Response) {
-        let _ = http::write_response(stream, resp, &self.common_headers());
+        let _ = http::write_response(stream, resp, &self.common_headers(), true);
     }
 
     /// The answer to a HEAD request: the head GET would get (its Content-Length
     /// included), without the body.
     fn send_head(&self, stream: &mut TcpStream, resp: &Response) {
-        use std::io::Write;
-        let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, http::reason(resp.status));
-        if !resp.content_type.is_empty() {
-            head += &format!("Content-Type: {}\r\n", resp.content_type);
-        }
-        for (k, v) in self.common_headers().iter().chain(&resp.headers) {
-            head += &format!("{k}: {v}\r\n");
-        }
-        head += &format!("Content-Length: {}\r\nConnection: close\r\n\r\n", resp.body.len());
-        let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.flush());
+        let _ = http::write_response(stream, resp, &self.common_headers(), false);
     }
 
     pub(crate) fn send_error(&self, stream: &mut TcpStream, e: &ApiError) {
