@@ -48,6 +48,127 @@ pub struct BlockQ4_0F32 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0F32>() == 20);
 
+/// Weights per K-quant super-block (`BlockQ4K`, `BlockQ5K`, `BlockQ6K`):
+/// eight activation blocks of `QK`.
+pub const QK_K: usize = 256;
+
+/// llama.cpp's Q4_K super-block: eight sub-blocks of 32, sub-block j with a
+/// 6-bit scale sc[j] and min m[j] (`scales_mins_k4`), weight l of sub-block
+/// j = d·sc[j]·q − dmin·m[j], q the low (j even) or high (j odd) nibble of
+/// `qs[32·⌊j/2⌋ + l]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ4K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; 12],
+    pub qs: [u8; 128],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+
+/// llama.cpp's Q5_K super-block: as `BlockQ4K` with a fifth bit, bit j of
+/// `qh[l]` for weight l of sub-block j (q in 0..32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ5K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; 12],
+    pub qh: [u8; 32],
+    pub qs: [u8; 128],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
+
+/// llama.cpp's Q6_K super-block: sixteen groups of 16 with an int8 scale
+/// each; weight e = d·scales[⌊e/16⌋]·(q − 32), q a 6-bit code: for
+/// e = 128·h + 32·r + l (h < 2, r < 4, l < 32), the low (r < 2) or high
+/// nibble of `ql[64·h + 32·(r mod 2) + l]` and bits 2r, 2r+1 of
+/// `qh[32·h + l]` (`q6k_code`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ6K {
+    pub ql: [u8; 128],
+    pub qh: [u8; 64],
+    pub scales: [i8; 16],
+    pub d: f16,
+}
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+
+/// Q4_K / Q5_K's eight 6-bit scales and eight 6-bit mins from their 12
+/// packed bytes: sub-blocks 0..4 in the low six bits of bytes 0..4 (scales)
+/// and 4..8 (mins); sub-blocks 4..8 in the nibbles of bytes 8..12 with the
+/// top two bits of bytes 0..8.
+#[inline(always)]
+pub fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for i in 0..4 {
+        sc[i] = s[i] & 63;
+        mn[i] = s[4 + i] & 63;
+        sc[4 + i] = (s[8 + i] & 15) | ((s[i] >> 2) & 0x30);
+        mn[4 + i] = (s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30);
+    }
+    (sc, mn)
+}
+
+/// The 5-bit code of weight l of sub-block j of a Q5_K block (Q4_K: the
+/// same without `qh`).
+#[inline(always)]
+pub fn q5k_code(b: &BlockQ5K, j: usize, l: usize) -> u8 {
+    ((b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) | (((b.qh[l] >> j) & 1) << 4)
+}
+/// The 4-bit code of weight l of sub-block j of a Q4_K block.
+#[inline(always)]
+pub fn q4k_code(b: &BlockQ4K, j: usize, l: usize) -> u8 {
+    (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15
+}
+/// The 6-bit code (0..64, the weight is d·scale·(code − 32)) of weight e of
+/// a Q6_K block.
+#[inline(always)]
+pub fn q6k_code(b: &BlockQ6K, e: usize) -> u8 {
+    let (h, r, l) = (e / 128, (e % 128) / 32, e % 32);
+    let lo = (b.ql[64 * h + 32 * (r % 2) + l] >> (4 * (r / 2))) & 15;
+    let hi = (b.qh[32 * h + l] >> (2 * r)) & 3;
+    lo | (hi << 4)
+}
+
+/// Dequantises one row of Q4_K blocks (the operations of llama.cpp's and
+/// gguf-py's dequantisers: (d·sc)·q − dmin·m, one rounding each).
+pub fn dequant_q4k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (sc, mn) = scales_mins_k4(&b.scales);
+        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
+        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
+            let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
+            for (l, v) in o.iter_mut().enumerate() {
+                *v = dl * q4k_code(b, j, l) as f32 - ml;
+            }
+        }
+    }
+}
+/// Dequantises one row of Q5_K blocks (as `dequant_q4k`).
+pub fn dequant_q5k(blocks: &[BlockQ5K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (sc, mn) = scales_mins_k4(&b.scales);
+        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
+        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
+            let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
+            for (l, v) in o.iter_mut().enumerate() {
+                *v = dl * q5k_code(b, j, l) as f32 - ml;
+            }
+        }
+    }
+}
+/// Dequantises one row of Q6_K blocks: (d·scale)·(q − 32).
+pub fn dequant_q6k(blocks: &[BlockQ6K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = b.d.to_f32();
+        for (e, v) in o.iter_mut().enumerate() {
+            *v = (d * b.scales[e / 16] as f32) * (q6k_code(b, e) as i32 - 32) as f32;
+        }
+    }
+}
+
 /// Rows per interleaved group of the eight-row kernels (`Kernels::dot_q8_r8` ...).
 pub const ROWS8: usize = 8;
 

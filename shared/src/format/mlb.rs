@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::bytes::ByteReader;
-use crate::quant::{BlockQ4_0, BlockQ4_0F32, BlockQ8_0, BlockQ8_0F32, QK};
+use crate::quant::{BlockQ4K, BlockQ4_0, BlockQ4_0F32, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0F32, QK, QK_K};
 
 pub const MAGIC: &[u8; 8] = b"KRAFLAMB";
 pub const VERSION: u32 = 1;
@@ -30,6 +30,10 @@ pub enum TensorType {
     Q4_0,
     Q8_0F32,
     Q4_0F32,
+    /// llama.cpp's K-quant super-blocks of 256 (`quant::BlockQ4K` ...).
+    Q4K,
+    Q5K,
+    Q6K,
 }
 
 impl TensorType {
@@ -41,6 +45,9 @@ impl TensorType {
             3 => TensorType::Q4_0,
             4 => TensorType::Q8_0F32,
             5 => TensorType::Q4_0F32,
+            6 => TensorType::Q4K,
+            7 => TensorType::Q5K,
+            8 => TensorType::Q6K,
             _ => return None,
         })
     }
@@ -53,18 +60,22 @@ impl TensorType {
             TensorType::Q4_0 => "q4_0",
             TensorType::Q8_0F32 => "q8_0(f32 scale)",
             TensorType::Q4_0F32 => "q4_0(f32 scale)",
+            TensorType::Q4K => "q4_k",
+            TensorType::Q5K => "q5_k",
+            TensorType::Q6K => "q6_k",
         }
     }
 
     /// Bytes needed for `n` elements of the contiguous dimension, or None if
     /// `n` does not fit the type's block size or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
-        let blocks = |block_bytes: usize| -> Option<u64> {
-            if !n.is_multiple_of(QK as u64) {
+        let blocks_of = |weights: usize, block_bytes: usize| -> Option<u64> {
+            if !n.is_multiple_of(weights as u64) {
                 return None;
             }
-            (n / QK as u64).checked_mul(block_bytes as u64)
+            (n / weights as u64).checked_mul(block_bytes as u64)
         };
+        let blocks = |block_bytes: usize| blocks_of(QK, block_bytes);
         match self {
             TensorType::F32 => n.checked_mul(4),
             TensorType::F16 => n.checked_mul(2),
@@ -72,6 +83,9 @@ impl TensorType {
             TensorType::Q4_0 => blocks(std::mem::size_of::<BlockQ4_0>()),
             TensorType::Q8_0F32 => blocks(std::mem::size_of::<BlockQ8_0F32>()),
             TensorType::Q4_0F32 => blocks(std::mem::size_of::<BlockQ4_0F32>()),
+            TensorType::Q4K => blocks_of(QK_K, std::mem::size_of::<BlockQ4K>()),
+            TensorType::Q5K => blocks_of(QK_K, std::mem::size_of::<BlockQ5K>()),
+            TensorType::Q6K => blocks_of(QK_K, std::mem::size_of::<BlockQ6K>()),
         }
     }
 }

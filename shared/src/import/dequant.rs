@@ -15,6 +15,7 @@
 use half::f16;
 
 use crate::format::gguf::GgmlType;
+use crate::quant::{dequant_q4k, dequant_q5k, dequant_q6k};
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -111,46 +112,10 @@ fn block_values(ty: GgmlType, b: &[u8], o: &mut [f32]) {
                 *v = (d * scale) * q;
             }
         }
-        GgmlType::Q4K | GgmlType::Q5K => {
-            let (d, dmin) = (h(b, 0), h(b, 2));
-            let (sc, mn) = scale_min_k4(&b[4..16]);
-            let (qh, qs) = if ty == GgmlType::Q5K { (&b[16..48], &b[48..176]) } else { (&[0u8; 32][..], &b[16..144]) };
-            let qh: &[u8; 32] = qh.try_into().unwrap();
-            // eight sub-blocks of 32: sub-block k takes the low (k even) or
-            // high nibbles of qs[32·(k/2)..], and bit k of each qh byte
-            for (k, o) in o.chunks_exact_mut(32).enumerate() {
-                let (dl, ml) = (d * sc[k] as f32, dmin * mn[k] as f32);
-                let q4: &[u8; 32] = qs[32 * (k / 2)..32 * (k / 2) + 32].try_into().unwrap();
-                let shift = 4 * (k % 2);
-                for ((v, &lo), &hi) in o.iter_mut().zip(q4).zip(qh) {
-                    let q = ((lo >> shift) & 15) | (((hi >> k) & 1) << 4);
-                    *v = dl * q as f32 - ml;
-                }
-            }
-        }
-        GgmlType::Q6K => {
-            let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-            let d = h(b, 208);
-            // two halves of 128; in each, four runs of 32 (r): the low
-            // nibbles of ql[64·half + 32·(r % 2)..] (r < 2) or their high
-            // nibbles, and bits 2r, 2r+1 of qh[32·half..]; a scale per 16
-            for (half, o) in o.chunks_exact_mut(128).enumerate() {
-                let qh: &[u8; 32] = qh[32 * half..32 * half + 32].try_into().unwrap();
-                for (r, o) in o.chunks_exact_mut(32).enumerate() {
-                    let at = 64 * half + 32 * (r % 2);
-                    let ql: &[u8; 32] = ql[at..at + 32].try_into().unwrap();
-                    let shift = 4 * (r / 2);
-                    for (g, o) in o.chunks_exact_mut(16).enumerate() {
-                        let ds = d * (scales[8 * half + 2 * r + g] as i8) as f32;
-                        for l in 0..16 {
-                            let (lo, hi) = (ql[16 * g + l], qh[16 * g + l]);
-                            let q = ((lo >> shift) & 15) | (((hi >> (2 * r)) & 3) << 4);
-                            o[l] = ds * ((q as i8).wrapping_sub(32) as f32);
-                        }
-                    }
-                }
-            }
-        }
+        // the K-quants the runtime also reads in place: one implementation (quant.rs)
+        GgmlType::Q4K => dequant_q4k(&[bytemuck::pod_read_unaligned(b)], o),
+        GgmlType::Q5K => dequant_q5k(&[bytemuck::pod_read_unaligned(b)], o),
+        GgmlType::Q6K => dequant_q6k(&[bytemuck::pod_read_unaligned(b)], o),
         GgmlType::Q8K => {
             let d = f32::from_le_bytes(b[0..4].try_into().unwrap());
             for j in 0..256 {
@@ -159,17 +124,4 @@ fn block_values(ty: GgmlType, b: &[u8], o: &mut [f32]) {
         }
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("element types are handled by dequantize"),
     }
-}
-
-/// Q4_K / Q5_K's eight 6-bit scales and mins from their 12 packed bytes.
-fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for i in 0..4 {
-        sc[i] = s[i] & 63;
-        mn[i] = s[4 + i] & 63;
-        sc[4 + i] = (s[8 + i] & 15) | ((s[i] >> 2) & 0x30);
-        mn[4 + i] = (s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30);
-    }
-    (sc, mn)
 }

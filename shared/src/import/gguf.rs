@@ -348,15 +348,20 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
         GgmlType::F16 => TensorType::F16,
         GgmlType::Q8_0 => TensorType::Q8_0,
         GgmlType::Q4_0 => TensorType::Q4_0,
+        GgmlType::Q4K => TensorType::Q4K,
+        GgmlType::Q5K => TensorType::Q5K,
+        GgmlType::Q6K => TensorType::Q6K,
         _ => return None,
     })
 }
 
 /// The `.mlb` type of one tensor (`convert.py`'s `choose_type`): vectors in
-/// F32; the types Krafla reads as they are; BF16 in F32 (exact); rows that
+/// F32; the types Krafla reads as they are (F32, F16, Q8_0, Q4_0, Q4_K,
+/// Q5_K, Q6_K: used in place, whatever `ctype`); BF16 in F32 (exact); rows that
 /// are not whole blocks in F16; then `q8_0` everything in Q8_0, `q4_0` and
 /// `auto` the embeddings and output in Q8_0 and the rest in Q4_0, except
-/// that `auto` keeps the types of 5 bits a weight or more in Q8_0.
+/// that `auto` keeps the other types of 5 bits a weight or more (Q5_0, Q5_1,
+/// Q8_K) in Q8_0.
 pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertType) -> TensorType {
     let kind = kind_of(name);
     if dims.len() != 2 || kind.ends_with("norm") || kind.ends_with("bias") || kind == "ssm_conv" {
@@ -371,7 +376,7 @@ pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertTyp
     if !dims[1].is_multiple_of(QK as u64) {
         return TensorType::F16;
     }
-    let wide = matches!(source, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q8K);
+    let wide = matches!(source, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8K);
     match ctype {
         ConvertType::Q8_0 => TensorType::Q8_0,
         _ if Q8_KINDS.contains(&kind) => TensorType::Q8_0,
@@ -417,6 +422,7 @@ fn encode(ttype: TensorType, cols: usize, x: &[f32], out: &mut [u8]) {
         TensorType::Q8_0 => quantize_q8_0(x, bytemuck::cast_slice_mut::<u8, BlockQ8_0>(out)),
         TensorType::Q4_0 => quantize_q4_0(x, bytemuck::cast_slice_mut::<u8, BlockQ4_0>(out)),
         TensorType::Q8_0F32 | TensorType::Q4_0F32 => unreachable!("choose_type never picks f32 scales"),
+        TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => unreachable!("K-quant tensors are kept, never encoded"),
     }
     debug_assert_eq!(x.len() % cols.max(1), 0);
 }

@@ -20,7 +20,8 @@ pub enum ConvertType {
     #[value(name = "q4_0")]
     Q4_0,
     /// Types of 5 bits a weight or more to Q8_0, 4 bits or fewer to fitted
-    /// Q4_0 (the embeddings and output to Q8_0).
+    /// Q4_0 (the embeddings and output to Q8_0); Q4_K, Q5_K and Q6_K, like
+    /// every type Krafla reads, stay as they are under any `--type`.
     Auto,
 }
 

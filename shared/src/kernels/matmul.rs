@@ -10,8 +10,8 @@ use rayon::prelude::*;
 
 use super::{Arch, Kernels};
 use crate::quant::{
-    dequant_q4, dequant_q8, ActQ8, ActRef, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8,
-    QK, ROWS8,
+    dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockQ4K, BlockQ4_0, BlockQ4_0F32,
+    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// Borrowed rows of a weight matrix, in their stored type.
@@ -23,6 +23,9 @@ pub enum WeightData<'a> {
     Q4_0(&'a [BlockQ4_0]),
     Q8_0F32(&'a [BlockQ8_0F32]),
     Q4_0F32(&'a [BlockQ4_0F32]),
+    Q4K(&'a [BlockQ4K]),
+    Q5K(&'a [BlockQ5K]),
+    Q6K(&'a [BlockQ6K]),
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix again, in the eight-row
@@ -52,7 +55,7 @@ impl<'a> MatRef<'a> {
     /// Dot product of row `r` with one input row.
     #[inline]
     fn row_dot(&self, r: usize, x: &[f32], xq: ActRef) -> f32 {
-        let (c, b) = (self.cols, self.cols / QK);
+        let (c, b, k) = (self.cols, self.cols / QK, self.cols / QK_K);
         match self.data {
             WeightData::F32(w) => Arch::dot_f32(&w[r * c..(r + 1) * c], x),
             WeightData::F16(w) => Arch::dot_f16_f32(&w[r * c..(r + 1) * c], x),
@@ -60,18 +63,24 @@ impl<'a> MatRef<'a> {
             WeightData::Q8_0F32(w) => Arch::dot_q8(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0(w) => Arch::dot_q4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0F32(w) => Arch::dot_q4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4K(w) => Arch::dot_q4k(&w[r * k..(r + 1) * k], xq),
+            WeightData::Q5K(w) => Arch::dot_q5k(&w[r * k..(r + 1) * k], xq),
+            WeightData::Q6K(w) => Arch::dot_q6k(&w[r * k..(r + 1) * k], xq),
         }
     }
 
     /// `row_dot` of row `r` with four input rows (`dot_q8_x4`, `dot_q4_x4`).
     #[inline]
     fn row_dot4(&self, r: usize, x: [&[f32]; 4], xq: [ActRef; 4]) -> [f32; 4] {
-        let b = self.cols / QK;
+        let (b, k) = (self.cols / QK, self.cols / QK_K);
         match self.data {
             WeightData::Q8_0(w) => Arch::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q8_0F32(w) => Arch::dot_q8_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0(w) => Arch::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4_0F32(w) => Arch::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
+            WeightData::Q4K(w) => Arch::dot_q4k_x4(&w[r * k..(r + 1) * k], xq),
+            WeightData::Q5K(w) => Arch::dot_q5k_x4(&w[r * k..(r + 1) * k], xq),
+            WeightData::Q6K(w) => Arch::dot_q6k_x4(&w[r * k..(r + 1) * k], xq),
             WeightData::F32(_) | WeightData::F16(_) => [0, 1, 2, 3].map(|t| self.row_dot(r, x[t], xq[t])),
         }
     }
@@ -112,7 +121,7 @@ impl<'a> MatRef<'a> {
 
     /// Row `r` as f32 (embedding lookup).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        let (c, b) = (self.cols, self.cols / QK);
+        let (c, b, k) = (self.cols, self.cols / QK, self.cols / QK_K);
         match self.data {
             WeightData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
             WeightData::F16(w) => Arch::f16_to_f32(&w[r * c..(r + 1) * c], out),
@@ -120,6 +129,9 @@ impl<'a> MatRef<'a> {
             WeightData::Q8_0F32(w) => dequant_q8(&w[r * b..(r + 1) * b], out),
             WeightData::Q4_0(w) => dequant_q4(&w[r * b..(r + 1) * b], out),
             WeightData::Q4_0F32(w) => dequant_q4(&w[r * b..(r + 1) * b], out),
+            WeightData::Q4K(w) => dequant_q4k(&w[r * k..(r + 1) * k], out),
+            WeightData::Q5K(w) => dequant_q5k(&w[r * k..(r + 1) * k], out),
+            WeightData::Q6K(w) => dequant_q6k(&w[r * k..(r + 1) * k], out),
         }
     }
 }

@@ -61,3 +61,5 @@ pub const ISA: &str = env!("KRAFLA_ISA");
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kquant;

@@ -10,7 +10,10 @@
 use half::f16;
 
 use super::set::Kernels;
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8, Q4Block, Q8Block, QK};
+use crate::quant::{
+    q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0x8,
+    Q4Block, Q8Block, QK,
+};
 
 /// The scalar kernel set.
 pub struct Portable;
@@ -133,6 +136,61 @@ impl Kernels for Portable {
         acc.map(combine8)
     }
 
+    /// Q4_K weights · Q8 activations. Activation block i = 8·s + j is
+    /// sub-block j of super-block s; its integer parts are exact,
+    /// S = sc[j]·Σ q·q_x and M = m[j]·Σ q_x (the block's `sum`), and it adds
+    /// (d·d_x)·S − (dmin·d_x)·M (each product rounded, no FMA) into partial
+    /// sum j = i mod 8, as every quantised dot does; then `combine8`.
+    fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [0.0f32; 8];
+        for (s, bw) in w.iter().enumerate() {
+            let (sc, mn) = scales_mins_k4(&bw.scales);
+            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                let isum: i32 = (0..QK).map(|l| q4k_code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
+                acc[j] += k_min_term(bw.d.to_f32(), bw.dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
+            }
+        }
+        combine8(acc)
+    }
+
+    /// Q5_K weights · Q8 activations, in `dot_q4k`'s order.
+    fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [0.0f32; 8];
+        for (s, bw) in w.iter().enumerate() {
+            let (sc, mn) = scales_mins_k4(&bw.scales);
+            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                let isum: i32 = (0..QK).map(|l| q5k_code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
+                acc[j] += k_min_term(bw.d.to_f32(), bw.dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
+            }
+        }
+        combine8(acc)
+    }
+
+    /// Q6_K weights · Q8 activations. Activation block i = 8·s + j covers
+    /// the groups 2j and 2j + 1 of super-block s; its integer part is exact,
+    /// S = sc[2j]·Σ (q − 32)·q_x over the first 16 + sc[2j+1]·Σ over the
+    /// second 16 (|S| < 2^24, so S as f32 is exact), and it adds (d·d_x)·S
+    /// into partial sum j; then `combine8`.
+    fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [0.0f32; 8];
+        for (s, bw) in w.iter().enumerate() {
+            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                let mut isum = 0i32;
+                for g in 0..2 {
+                    let part: i32 = (0..16)
+                        .map(|l| (q6k_code(bw, 32 * j + 16 * g + l) as i32 - 32) * bx.qs[16 * g + l] as i32)
+                        .sum();
+                    isum += bw.scales[2 * j + g] as i32 * part;
+                }
+                acc[j] += (bw.d.to_f32() * bx.d) * isum as f32;
+            }
+        }
+        combine8(acc)
+    }
+
     /// out = x / sqrt(mean(x²) + eps) · w.
     #[inline]
     fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -193,6 +251,14 @@ impl Kernels for Portable {
     fn exp(x: &mut [f32]) {
         x.iter_mut().for_each(|v| *v = v.exp());
     }
+}
+
+/// One Q4_K / Q5_K sub-block's share: (d·d_x)·S − (dmin·d_x)·M with
+/// S = sc·Σ q·q_x and M = m·Σ q_x exact integers below 2^24 (so exact as
+/// f32), every product rounded on its own (no FMA).
+#[inline(always)]
+pub(crate) fn k_min_term(d: f32, dmin: f32, dx: f32, s: i32, m: i32) -> f32 {
+    (d * dx) * s as f32 - (dmin * dx) * m as f32
 }
 
 /// ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).

@@ -16,7 +16,7 @@
 use half::f16;
 
 use super::portable::Portable;
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8_0x8, Q4Block, Q8Block};
+use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0x8, Q4Block, Q8Block};
 
 pub trait Kernels {
     /// This set has its own eight-row kernels (`dot_q8_r8` ...): the model
@@ -99,5 +99,33 @@ pub trait Kernels {
     /// Eight interleaved Q4 rows · four activation rows.
     fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| Self::dot_q4_r8(w, x))
+    }
+
+    // ---- K-quant super-blocks of 256 · quantised activation blocks
+    // (eight activation blocks per super-block; the order is `Portable`'s)
+
+    /// Q4_K weights · Q8 activations.
+    fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+        Portable::dot_q4k(w, x) // TEMPORARY(#15): every ISA gets its own before the merge
+    }
+    /// Q5_K weights · Q8 activations.
+    fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
+        Portable::dot_q5k(w, x) // TEMPORARY(#15)
+    }
+    /// Q6_K weights · Q8 activations.
+    fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
+        Portable::dot_q6k(w, x) // TEMPORARY(#15)
+    }
+    /// One Q4_K row with four activation rows; result t is `dot_q4k` of row t, bit for bit.
+    fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_q4k(w, x))
+    }
+    /// As `dot_q4k_x4` for Q5_K.
+    fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_q5k(w, x))
+    }
+    /// As `dot_q4k_x4` for Q6_K.
+    fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_q6k(w, x))
     }
 }

@@ -12,7 +12,8 @@ use super::Model;
 use crate::format::mlb::{Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    repack_q4_x8, repack_q8_x8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
+    repack_q4_x8, repack_q8_x8, BlockQ4K, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0,
+    BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
 };
 
 /// A weight matrix located in the mapped file, and its rows again in the
@@ -199,6 +200,9 @@ impl Model {
             TensorType::Q4_0 => WeightData::Q4_0(cast::<BlockQ4_0>(bytes)),
             TensorType::Q8_0F32 => WeightData::Q8_0F32(cast::<BlockQ8_0F32>(bytes)),
             TensorType::Q4_0F32 => WeightData::Q4_0F32(cast::<BlockQ4_0F32>(bytes)),
+            TensorType::Q4K => WeightData::Q4K(cast::<BlockQ4K>(bytes)),
+            TensorType::Q5K => WeightData::Q5K(cast::<BlockQ5K>(bytes)),
+            TensorType::Q6K => WeightData::Q6K(cast::<BlockQ6K>(bytes)),
         };
         let packed = match m.packed.as_deref() {
             Some(PackedRows::Q8(p)) => Packed::Q8(p),

@@ -1,0 +1,272 @@
+//! The K-quant dots (`dot_q4k`, `dot_q5k`, `dot_q6k` and their four-token
+//! forms) of the compiled-in `Arch` against `Portable`, bit for bit, and
+//! against an exact f64 sum within a derived bound; run on every build as
+//! `kernels/tests.rs` is (`cargo xtask kernel-tests`, the ARM qemu tests).
+//!
+//! Bound. Per activation block the integer parts S and M are exact and
+//! below 2^24; the block's term (d·d_x)·S − (dmin·d_x)·M rounds five times
+//! (two scale products, two products, the difference), the ⌈n/8⌉ − 1 adds
+//! of a partial sum and the three of the final tree add theirs, so for n
+//! activation blocks
+//! |got − exact| ≤ (⌈n/8⌉ + 8)·2^-24·Σ_b (|d·d_x|·|S|_abs + |dmin·d_x|·|M|)
+//!                 + (Σ_b (|S|_abs + |M|) + 4n + 8)·2^-149,
+//! |S|_abs being Σ |sc·q·q_x| (the products' magnitudes), the last term for
+//! scale products that underflow to subnormals. Q6_K has no M.
+use half::f16;
+
+use super::*;
+use crate::quant::{
+    q4k_code, q5k_code, q6k_code, scales_mins_k4, ActQ8, ActRef, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8Act, QK,
+};
+use crate::test_rng::Rng;
+
+/// f16 scales: zeros, subnormals, the extremes, ordinary values (no inf/NaN).
+const F16S: [u16; 12] =
+    [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0x2e66, 0x1400, 0xb800];
+
+fn pick(rng: &mut Rng, n: usize) -> usize {
+    (rng.next() % n as u64) as usize
+}
+fn bytes<const N: usize>(rng: &mut Rng, pattern: u8) -> [u8; N] {
+    std::array::from_fn(|_| match pattern {
+        0 => 0x00,
+        1 => 0xff,
+        2 => [0x0f, 0xf0, 0x00, 0xff][pick(rng, 4)],
+        _ => rng.next() as u8,
+    })
+}
+fn scale(rng: &mut Rng, extreme: bool) -> f16 {
+    if extreme {
+        f16::from_bits(F16S[pick(rng, F16S.len())])
+    } else {
+        f16::from_f32(rng.f32() * 0.01)
+    }
+}
+fn q4k(rng: &mut Rng, n: usize, pattern: u8, extreme: bool) -> Vec<BlockQ4K> {
+    (0..n)
+        .map(|_| BlockQ4K {
+            d: scale(rng, extreme),
+            dmin: scale(rng, extreme),
+            scales: bytes(rng, pattern),
+            qs: bytes(rng, pattern),
+        })
+        .collect()
+}
+fn q5k(rng: &mut Rng, n: usize, pattern: u8, extreme: bool) -> Vec<BlockQ5K> {
+    (0..n)
+        .map(|_| BlockQ5K {
+            d: scale(rng, extreme),
+            dmin: scale(rng, extreme),
+            scales: bytes(rng, pattern),
+            qh: bytes(rng, pattern),
+            qs: bytes(rng, pattern),
+        })
+        .collect()
+}
+fn q6k(rng: &mut Rng, n: usize, pattern: u8, extreme: bool) -> Vec<BlockQ6K> {
+    (0..n)
+        .map(|_| {
+            let sc: [u8; 16] = bytes(rng, pattern);
+            BlockQ6K {
+                ql: bytes(rng, pattern),
+                qh: bytes(rng, pattern),
+                scales: sc.map(|v| v as i8),
+                d: scale(rng, extreme),
+            }
+        })
+        .collect()
+}
+/// `n` activation blocks: quantised random values, or extreme quants and scales.
+fn acts(rng: &mut Rng, n: usize, pattern: u8, extreme: bool) -> ActQ8 {
+    if !extreme {
+        return ActQ8::quantize(&rng.vec(n * QK));
+    }
+    let dxs = [0.0f32, 1e-38, 2.5e-30, 1e-3, 0.7, 1e3, 1e20, f32::from_bits(1)];
+    let blocks = (0..n)
+        .map(|_| {
+            let mut b = BlockQ8Act { d: dxs[pick(rng, dxs.len())], ..Default::default() };
+            for v in b.qs.iter_mut() {
+                *v = match pattern {
+                    0 => 127,
+                    1 => -127,
+                    2 => [127, -127][pick(rng, 2)],
+                    _ => (rng.next() as i8).max(-127),
+                };
+            }
+            b.sum = b.qs.iter().map(|&v| v as i32).sum();
+            b
+        })
+        .collect();
+    ActQ8::from_blocks(blocks)
+}
+
+/// Per activation block: (d·d_x, S, |S|_abs, dmin·d_x, M), all exact (f64).
+type Parts = Vec<(f64, i64, i64, f64, i64)>;
+
+fn parts_q4k_q5k(d: &[(f16, f16, [u8; 12])], code: impl Fn(usize, usize, usize) -> u8, x: &[BlockQ8Act]) -> Parts {
+    let mut out = Vec::new();
+    for (s, &(d, dmin, scales)) in d.iter().enumerate() {
+        let (sc, mn) = scales_mins_k4(&scales);
+        for j in 0..8 {
+            let bx = &x[8 * s + j];
+            let (mut sum, mut abs) = (0i64, 0i64);
+            for l in 0..QK {
+                let p = sc[j] as i64 * code(s, j, l) as i64 * bx.qs[l] as i64;
+                sum += p;
+                abs += p.abs();
+            }
+            let dx = bx.d as f64;
+            out.push((d.to_f64() * dx, sum, abs, dmin.to_f64() * dx, mn[j] as i64 * bx.sum as i64));
+        }
+    }
+    out
+}
+fn parts_q6k(w: &[BlockQ6K], x: &[BlockQ8Act]) -> Parts {
+    let mut out = Vec::new();
+    for (s, b) in w.iter().enumerate() {
+        for j in 0..8 {
+            let bx = &x[8 * s + j];
+            let (mut sum, mut abs) = (0i64, 0i64);
+            for l in 0..QK {
+                let e = 32 * j + l;
+                let p = b.scales[e / 16] as i64 * (q6k_code(b, e) as i64 - 32) * bx.qs[l] as i64;
+                sum += p;
+                abs += p.abs();
+            }
+            out.push((b.d.to_f64() * bx.d as f64, sum, abs, 0.0, 0));
+        }
+    }
+    out
+}
+/// (exact value, the module doc's bound).
+fn exact(parts: &Parts) -> (f64, f64) {
+    let n = parts.len();
+    let (mut sum, mut mag, mut imag) = (0.0, 0.0, 0.0);
+    for &(ds, s, abs, dm, m) in parts {
+        sum += ds * s as f64 - dm * m as f64;
+        mag += ds.abs() * abs as f64 + dm.abs() * m.abs() as f64;
+        imag += (abs + m.abs()) as f64;
+    }
+    let bound =
+        (n.div_ceil(8) + 8) as f64 * f64::powi(2.0, -24) * mag + (imag + (4 * n + 8) as f64) * f64::powi(2.0, -149);
+    (sum, bound)
+}
+
+/// Every K-quant kernel of `Arch` on these weights: bit for bit with
+/// `Portable`, within the bound of the exact sum, the same from plain
+/// activation blocks and from a sub-range, and the four-token forms equal
+/// to the single-token ones.
+fn check(tag: &str, w4: &[BlockQ4K], w5: &[BlockQ5K], w6: &[BlockQ6K], xs: [&ActQ8; 4]) {
+    let xq = xs[0].as_ref();
+    let xb = xq.blocks();
+    let plain = ActRef::from(xb);
+    let d4: Vec<_> = w4.iter().map(|b| (b.d, b.dmin, b.scales)).collect();
+    let d5: Vec<_> = w5.iter().map(|b| (b.d, b.dmin, b.scales)).collect();
+    let cases: [(&str, f32, f32, f32, Parts); 3] = [
+        ("q4_k", Arch::dot_q4k(w4, xq), Portable::dot_q4k(w4, xq), Arch::dot_q4k(w4, plain), {
+            parts_q4k_q5k(&d4, |s, j, l| q4k_code(&w4[s], j, l), xb)
+        }),
+        ("q5_k", Arch::dot_q5k(w5, xq), Portable::dot_q5k(w5, xq), Arch::dot_q5k(w5, plain), {
+            parts_q4k_q5k(&d5, |s, j, l| q5k_code(&w5[s], j, l), xb)
+        }),
+        ("q6_k", Arch::dot_q6k(w6, xq), Portable::dot_q6k(w6, xq), Arch::dot_q6k(w6, plain), parts_q6k(w6, xb)),
+    ];
+    for (name, got, port, from_plain, parts) in cases {
+        let (e, bound) = exact(&parts);
+        assert_eq!(got.to_bits(), port.to_bits(), "{tag} {name}: {got} vs portable {port}");
+        assert_eq!(from_plain.to_bits(), got.to_bits(), "{tag} {name}: from plain blocks {from_plain} vs {got}");
+        assert!((got as f64 - e).abs() <= bound, "{tag} {name}: {got} vs exact {e} (bound {bound:e})");
+    }
+    // a sub-range of the activations (not starting at 0)
+    if w4.len() > 1 {
+        let r = xq.range(8, xq.len());
+        assert_eq!(Arch::dot_q4k(&w4[1..], r).to_bits(), Portable::dot_q4k(&w4[1..], r).to_bits(), "{tag} q4_k range");
+        assert_eq!(Arch::dot_q5k(&w5[1..], r).to_bits(), Portable::dot_q5k(&w5[1..], r).to_bits(), "{tag} q5_k range");
+        assert_eq!(Arch::dot_q6k(&w6[1..], r).to_bits(), Portable::dot_q6k(&w6[1..], r).to_bits(), "{tag} q6_k range");
+    }
+    // four tokens at once, with contiguous scales and from plain blocks
+    let four = xs.map(|a| a.as_ref());
+    let four_plain = xs.map(|a| ActRef::from(a.as_ref().blocks()));
+    let bits = |v: [f32; 4]| v.map(f32::to_bits);
+    for x4 in [four, four_plain] {
+        assert_eq!(bits(Arch::dot_q4k_x4(w4, x4)), bits(four.map(|x| Portable::dot_q4k(w4, x))), "{tag} q4_k x4");
+        assert_eq!(bits(Arch::dot_q5k_x4(w5, x4)), bits(four.map(|x| Portable::dot_q5k(w5, x))), "{tag} q5_k x4");
+        assert_eq!(bits(Arch::dot_q6k_x4(w6, x4)), bits(four.map(|x| Portable::dot_q6k(w6, x))), "{tag} q6_k x4");
+    }
+}
+
+#[test]
+fn kquant_dots_match_portable_and_exact_on_random_blocks() {
+    let mut rng = Rng(0x4b51_7561_6e74);
+    for n in (1..=9).chain([15, 16, 17, 40]) {
+        let (w4, w5, w6) = (q4k(&mut rng, n, 3, false), q5k(&mut rng, n, 3, false), q6k(&mut rng, n, 3, false));
+        let xs: Vec<ActQ8> = (0..4).map(|_| acts(&mut rng, 8 * n, 3, false)).collect();
+        check(&format!("random n={n}"), &w4, &w5, &w6, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+    }
+}
+
+/// All-zero and all-one bits, nibble patterns, the widest codes with the
+/// largest scales and mins, ±127 activations, and scales from zero and
+/// subnormal to the f16 and f32 extremes, block by block.
+#[test]
+fn kquant_dots_on_extreme_values_match_portable_and_exact() {
+    let mut rng = Rng(0xe7_7e3e);
+    for n in [1, 2, 3, 5, 8, 9, 13] {
+        for pattern in 0..4 {
+            let (w4, w5, w6) =
+                (q4k(&mut rng, n, pattern, true), q5k(&mut rng, n, pattern, true), q6k(&mut rng, n, pattern, true));
+            let xs: Vec<ActQ8> = (0..4).map(|_| acts(&mut rng, 8 * n, pattern, true)).collect();
+            check(&format!("extreme n={n} pattern={pattern}"), &w4, &w5, &w6, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+        }
+    }
+}
+
+/// With unit scales and unit activation scales the result is the integer
+/// sum itself, which stays below 2^24: any summation order gives it exactly.
+#[test]
+fn kquant_integer_part_is_exact() {
+    let mut rng = Rng(0x1d_e9e7);
+    let one = f16::from_f32(1.0);
+    for n in 1..=3 {
+        let mut xb = vec![BlockQ8Act::default(); 8 * n];
+        for b in xb.iter_mut() {
+            b.d = 1.0;
+            b.qs.iter_mut().for_each(|v| *v = (rng.next() % 31) as i8 - 15);
+            b.sum = b.qs.iter().map(|&v| v as i32).sum();
+        }
+        let xq = ActQ8::from_blocks(xb);
+        let xb = xq.as_ref().blocks();
+        let w4: Vec<BlockQ4K> =
+            q4k(&mut rng, n, 3, false).into_iter().map(|b| BlockQ4K { d: one, dmin: one, ..b }).collect();
+        let w6: Vec<BlockQ6K> = q6k(&mut rng, n, 3, false).into_iter().map(|b| BlockQ6K { d: one, ..b }).collect();
+        let d4: Vec<_> = w4.iter().map(|b| (b.d, b.dmin, b.scales)).collect();
+        let e4 = exact(&parts_q4k_q5k(&d4, |s, j, l| q4k_code(&w4[s], j, l), xb)).0;
+        let e6 = exact(&parts_q6k(&w6, xb)).0;
+        assert!(e4.abs() < 16_777_216.0 && e6.abs() < 16_777_216.0);
+        assert_eq!(Arch::dot_q4k(&w4, xq.as_ref()) as f64, e4, "q4_k n={n}");
+        assert_eq!(Arch::dot_q6k(&w6, xq.as_ref()) as f64, e6, "q6_k n={n}");
+    }
+}
+
+/// The dequantised weights times the activations' values equal the dot:
+/// the kernels read the layout the dequantisers (and llama.cpp) read.
+#[test]
+fn kquant_dots_agree_with_the_dequantised_rows() {
+    let mut rng = Rng(0xdec0de);
+    let n = 3;
+    let xq = acts(&mut rng, 8 * n, 3, false);
+    let xv: Vec<f64> = xq.as_ref().blocks().iter().flat_map(|b| b.qs.map(|q| q as f64 * b.d as f64)).collect();
+    let mut row = vec![0.0f32; n * 256];
+    let f64_dot = |row: &[f32]| row.iter().zip(&xv).map(|(&w, &x)| w as f64 * x).sum::<f64>();
+    let close =
+        |a: f32, b: f64, what: &str| assert!((a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what}: {a} vs {b}");
+    let w4 = q4k(&mut rng, n, 3, false);
+    crate::quant::dequant_q4k(&w4, &mut row);
+    close(Arch::dot_q4k(&w4, xq.as_ref()), f64_dot(&row), "q4_k");
+    let w5 = q5k(&mut rng, n, 3, false);
+    crate::quant::dequant_q5k(&w5, &mut row);
+    close(Arch::dot_q5k(&w5, xq.as_ref()), f64_dot(&row), "q5_k");
+    let w6 = q6k(&mut rng, n, 3, false);
+    crate::quant::dequant_q6k(&w6, &mut row);
+    close(Arch::dot_q6k(&w6, xq.as_ref()), f64_dot(&row), "q6_k");
+}
