@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `rows8`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -19,6 +19,8 @@ macro_rules! entry_points {
     (@group $m:ident kv_rows) => { entry_points!($m: dot_f32_rows, axpy_rows); };
     (@group $m:ident int8_dots) => { entry_points!($m: dot_q8, dot_q4); };
     (@group $m:ident int8_dots_x4) => { entry_points!($m: dot_q8_x4, dot_q4_x4); };
+    (@group $m:ident kquant_dots) => { entry_points!($m: dot_q4k, dot_q5k, dot_q6k); };
+    (@group $m:ident kquant_dots_x4) => { entry_points!($m: dot_q4k_x4, dot_q5k_x4, dot_q6k_x4); };
     (@group $m:ident rows8) => { entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4); };
     (@group $m:ident $name:ident) => { entry_points!(@one $m $name); };
     (@one $m:ident dot_f32) => {
@@ -93,6 +95,48 @@ macro_rules! entry_points {
         fn dot_q4_r8_x4(w: &[crate::quant::BlockQ4_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q4_r8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q4k) => {
+        #[inline]
+        fn dot_q4k(w: &[crate::quant::BlockQ4K], x: crate::quant::ActRef) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4k(w, x) }
+        }
+    };
+    (@one $m:ident dot_q4k_x4) => {
+        #[inline]
+        fn dot_q4k_x4(w: &[crate::quant::BlockQ4K], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4k_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q5k) => {
+        #[inline]
+        fn dot_q5k(w: &[crate::quant::BlockQ5K], x: crate::quant::ActRef) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q5k(w, x) }
+        }
+    };
+    (@one $m:ident dot_q5k_x4) => {
+        #[inline]
+        fn dot_q5k_x4(w: &[crate::quant::BlockQ5K], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q5k_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q6k) => {
+        #[inline]
+        fn dot_q6k(w: &[crate::quant::BlockQ6K], x: crate::quant::ActRef) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q6k(w, x) }
+        }
+    };
+    (@one $m:ident dot_q6k_x4) => {
+        #[inline]
+        fn dot_q6k_x4(w: &[crate::quant::BlockQ6K], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q6k_x4(w, xs) }
         }
     };
     (@one $m:ident dot_f32_rows) => {
