@@ -209,6 +209,26 @@ def test_dequantisation_matches_the_gguf_package(name, dequantize_blocks, tmp_pa
         f"{got[np.argmin(same)]} vs {want[np.argmin(same)]}"
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the NaN and infinite scales
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_mlb_reader_decodes_k_quants_as_the_gguf_package(name):
+    """tools/mlb.py's reader of the K-quant tensors that convert.py copies from GGUF (.mlb types
+    6, 7, 8) gives the gguf package's values bit for bit, on random super-blocks."""
+    gguf = pytest.importorskip("gguf")
+    import mlb
+    qt = gguf.GGMLQuantizationType[name]
+    _, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(len(name) * 104729)
+    raw = rng.integers(0, 256, size=(300, nbytes), dtype=np.uint8)
+    raw[0], raw[1] = 0, 0xFF
+    want = np.asarray(gguf.quants.dequantize(raw.reshape(-1), qt), dtype=np.float32).reshape(-1)
+    ttype = {"Q4_K": mlb.Q4_K, "Q5_K": mlb.Q5_K, "Q6_K": mlb.Q6_K}[name]
+    assert mlb.tensor_nbytes(ttype, (2, 150 * 256)) == raw.size
+    got = mlb.decode(raw.reshape(-1), ttype, (2, 150 * 256)).reshape(-1)
+    same = (got.view("<u4") == want.view("<u4")) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{name}: {np.count_nonzero(~same)} values differ"
+
+
 # ---------------------------------------------------------------------------------------------
 # Hostile files: one line, exit 2, no panic
 # ---------------------------------------------------------------------------------------------

@@ -60,8 +60,9 @@ Q4_0_Q8 = ("token_embd", "output")
 # and to fitted Q4_0 (4 or fewer). The executables load GGUF files by the same
 # rule (shared/src/import/), so `ml_run MODEL.gguf --save OUT.mlb` writes the
 # same bytes as this converter.
-GGUF_KEPT = {"F32": mlb.F32, "F16": mlb.F16, "Q8_0": mlb.Q8_0, "Q4_0": mlb.Q4_0}
-GGUF_AUTO_Q8 = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_K")
+GGUF_KEPT = {"F32": mlb.F32, "F16": mlb.F16, "Q8_0": mlb.Q8_0, "Q4_0": mlb.Q4_0,
+             "Q4_K": mlb.Q4_K, "Q5_K": mlb.Q5_K, "Q6_K": mlb.Q6_K}
+GGUF_AUTO_Q8 = ("Q5_0", "Q5_1", "Q8_K")
 
 
 def kind_of(name):

@@ -22,11 +22,16 @@ MAGIC = b"KRAFLAMB"
 VERSION = 1
 
 F32, F16, Q8_0, Q4_0, Q8_0_F32, Q4_0_F32 = 0, 1, 2, 3, 4, 5
+Q4_K, Q5_K, Q6_K = 6, 7, 8
 TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0",
-              Q8_0_F32: "q8_0_f32", Q4_0_F32: "q4_0_f32"}
+              Q8_0_F32: "q8_0_f32", Q4_0_F32: "q4_0_f32", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}
 QK = 32
 # bytes per block of 32 elements for the quantised types
 BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q8_0_F32: 36, Q4_0_F32: 20}
+# K-quants (llama.cpp's layouts, copied from GGUF, never made here):
+# bytes per super-block of 256 elements
+QK_K = 256
+K_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
 
 META_INT, META_FLOAT, META_STR, META_INTS, META_FLOATS = 0, 1, 2, 3, 4
 
@@ -51,6 +56,10 @@ def tensor_nbytes(ttype, shape):
         if shape[-1] % QK:
             raise MlbError(f"last dim {shape[-1]} is not a multiple of {QK}")
         return n // QK * BLOCK_BYTES[ttype]
+    if ttype in K_BLOCK_BYTES:
+        if shape[-1] % QK_K:
+            raise MlbError(f"last dim {shape[-1]} is not a multiple of {QK_K}")
+        return n // QK_K * K_BLOCK_BYTES[ttype]
     raise MlbError(f"unknown tensor type {ttype}")
 
 
@@ -172,6 +181,8 @@ def encode(x, ttype, q4_rule="fit", col_weights=None):
     """Encode a float array into the raw bytes of tensor type ttype.
     col_weights: optional per-column (last dim) importance for the Q4 "fit" search."""
     x = np.ascontiguousarray(x, dtype=np.float32)
+    if ttype in K_BLOCK_BYTES:
+        raise MlbError(f"{TYPE_NAMES[ttype]} tensors are only copied from GGUF files, not made from floats")
     if ttype == F32:
         return x.astype("<f4").tobytes()
     if ttype == F16:
@@ -209,6 +220,8 @@ def decode(raw, ttype, shape):
         return buf.view("<f4").astype(np.float32).reshape(shape)
     if ttype == F16:
         return buf.view("<f2").astype(np.float32).reshape(shape)
+    if ttype in K_BLOCK_BYTES:
+        return _decode_k(buf.reshape(-1, K_BLOCK_BYTES[ttype]), ttype).reshape(shape)
     sd = np.dtype("<f2") if ttype in (Q8_0, Q4_0) else np.dtype("<f4")
     bb = BLOCK_BYTES[ttype]
     blk = buf.reshape(-1, bb)
@@ -218,6 +231,44 @@ def decode(raw, ttype, shape):
     else:
         q = unpack_q4(blk[:, sd.itemsize:]).astype(np.float32) - 8.0
     return (d * q).reshape(shape)
+
+
+def _scales_mins_k4(s):
+    """[nb, 12] packed 6-bit scales and mins of Q4_K / Q5_K -> ([nb, 8], [nb, 8])."""
+    s = s.astype(np.uint8)
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 2) & 0x30)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _decode_k(blk, ttype):
+    """K-quant super-blocks [nb, bytes] -> float32 [nb, 256], with the runtime's
+    operations (shared/src/quant.rs `dequant_q4k` ...): (d·sc)·q − dmin·m and
+    (d·scale)·(q − 32), each rounded to float32."""
+    f32 = np.float32
+    if ttype == Q6_K:
+        ql, qh = blk[:, 0:128], blk[:, 128:192]
+        sc = np.ascontiguousarray(blk[:, 192:208]).view(np.int8).astype(f32)  # [nb, 16]
+        d = np.ascontiguousarray(blk[:, 208:210]).view("<f2").astype(f32)  # [nb, 1]
+        q = np.empty((blk.shape[0], 2, 4, 32), np.int32)  # element 128·h + 32·r + l
+        for h in range(2):
+            for r in range(4):
+                lo = (ql[:, 64 * h + 32 * (r % 2):64 * h + 32 * (r % 2) + 32] >> (4 * (r // 2))) & 15
+                hi = (qh[:, 32 * h:32 * h + 32] >> (2 * r)) & 3
+                q[:, h, r, :] = lo.astype(np.int32) | (hi.astype(np.int32) << 4)
+        q = q.reshape(-1, 16, 16)
+        return ((d * sc)[:, :, None] * (q - 32).astype(f32)).reshape(-1, QK_K)
+    d = np.ascontiguousarray(blk[:, 0:2]).view("<f2").astype(f32)
+    dmin = np.ascontiguousarray(blk[:, 2:4]).view("<f2").astype(f32)
+    sc, mn = _scales_mins_k4(blk[:, 4:16])
+    qs = blk[:, 16:144] if ttype == Q4_K else blk[:, 48:176]
+    q = np.empty((blk.shape[0], 8, 32), np.int32)  # sub-block j, weight l
+    for j in range(8):
+        q[:, j, :] = (qs[:, 32 * (j // 2):32 * (j // 2) + 32] >> (4 * (j % 2))) & 15
+        if ttype == Q5_K:
+            q[:, j, :] |= ((blk[:, 16:48] >> j) & 1).astype(np.int32) << 4
+    dl, ml = d * sc, dmin * mn  # [nb, 8]
+    return (dl[:, :, None] * q.astype(f32) - ml[:, :, None]).reshape(-1, QK_K)
 
 
 def roundtrip(x, ttype, q4_rule="fit", col_weights=None):
