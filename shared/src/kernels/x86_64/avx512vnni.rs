@@ -5,15 +5,17 @@
 //! vector, and the blocks' −8·Σq is added after the reduction. The
 //! eight-row kernels over repacked weights (avx2.rs's `rows8_n!`) take
 //! Q8 weights stored as w + 128 (unsigned), so `vpdpbusd` multiplies them by
-//! the broadcast activations directly, −128·Σq after. The f32 kernels are
-//! AVX2's.
+//! the broadcast activations directly, −128·Σq after. The K-quant dots are
+//! avx2/kquant.rs's (`kmin_dot_n!`, `q6k_dot_n!`) with `vpdpbusd` as the
+//! block dot. The f32 kernels are AVX2's.
 
 use core::arch::x86_64::*;
 
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
+use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
 use crate::kernels::Kernels;
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
+use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
 
 /// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
 pub struct Avx512Vnni;
@@ -22,7 +24,7 @@ impl Kernels for Avx512Vnni {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
     entry_points!(avx2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, rows8);
+    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4);
 }
 
 isa_features!(
@@ -67,6 +69,48 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q4_dot_n!(4, w, xs, |lo, hi, x0, x1| pair_dot(lo, hi, x0, x1))
+    }
+
+    /// Q4_K weights · Q8 activations: avx2/kquant.rs's algorithm, the
+    /// sub-blocks' unsigned codes straight into `vpdpbusd`.
+    #[inline]
+    pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        kmin_dot_n!(1, w, [x], |b| q4k_codes(b), |u, s| block_dot(u, s))[0]
+    }
+
+    /// Q5_K weights · Q8 activations (as `dot_q4k`).
+    #[inline]
+    pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        kmin_dot_n!(1, w, [x], |b| q5k_codes(b), |u, s| block_dot(u, s))[0]
+    }
+
+    /// Q6_K weights · Q8 activations (as `dot_q4k`; the −32 offset as a
+    /// second `vpdpbusd` of 32s).
+    #[inline]
+    pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        q6k_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
+    }
+
+    /// `dot_q4k` of one weight row with four activation rows, the codes
+    /// unpacked once per super-block (each result bit-identical to `dot_q4k`'s).
+    #[inline]
+    pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+        kmin_dot_n!(4, w, xs, |b| q4k_codes(b), |u, s| block_dot(u, s))
+    }
+
+    /// As `dot_q4k_x4` for Q5_K.
+    #[inline]
+    pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+        kmin_dot_n!(4, w, xs, |b| q5k_codes(b), |u, s| block_dot(u, s))
+    }
+
+    /// As `dot_q4k_x4` for Q6_K.
+    #[inline]
+    pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+        q6k_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
     /// Eight rows' exact Σ nibble·q − 8·Σq for one interleaved Q4 block:

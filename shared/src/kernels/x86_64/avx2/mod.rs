@@ -9,8 +9,9 @@
 //! horizontal reduction (`rows8_n!`). The AVX-512 VNNI build re-exports the
 //! f32 half.
 //!
-//! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots; the loads
-//! both use are here.
+//! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots,
+//! `kquant.rs` the K-quant (Q4_K, Q5_K, Q6_K) dots; the loads they use are
+//! here.
 
 use core::arch::x86_64::*;
 
@@ -18,6 +19,7 @@ use crate::kernels::Kernels;
 
 pub mod float;
 pub mod int8;
+pub mod kquant;
 
 /// The AVX2 + FMA + F16C kernel set (FMA enabled, never used: see above).
 pub struct Avx2;
@@ -27,6 +29,7 @@ impl Kernels for Avx2 {
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
     entry_points!(float: f32_ops, kv_rows);
     entry_points!(int8: int8_dots, int8_dots_x4, rows8);
+    entry_points!(kquant: kquant_dots, kquant_dots_x4);
 }
 
 isa_features!(
