@@ -140,7 +140,7 @@ fn a_tiny_llama_imports_in_convert_py_order() {
     assert_eq!(
         names,
         [
-            ("token_embd", Q8_0),
+            ("token_embd", Q6K), // a K-quant is kept whatever --type (issue 15)
             ("blk.0.attn_k", Q4_0),
             ("blk.0.attn_norm", F32),
             ("blk.0.attn_o", Q4_0),
@@ -157,6 +157,8 @@ fn a_tiny_llama_imports_in_convert_py_order() {
     let g = Gguf::from_bytes(tiny_llama(&[], &[]), "t.gguf").unwrap();
     let gate = g.tensor("blk.0.ffn_gate.weight").unwrap();
     assert_eq!(mlb.tensor("blk.0.ffn_gate").unwrap().start, gate.start);
+    let embd = g.tensor("token_embd.weight").unwrap();
+    assert_eq!(mlb.tensor("token_embd").unwrap().start, embd.start);
     assert_eq!(mlb.tensor_bytes(mlb.tensor("blk.0.ffn_gate").unwrap()), g.tensor_bytes(gate));
     assert!(mlb.tensor("blk.0.ffn_up").unwrap().start.is_multiple_of(64));
     assert!(mlb.made_bytes() > 0);
