@@ -26,17 +26,19 @@
 //! as `portable` converts it).
 //!
 //! Float part. armv7 NEON arithmetic flushes subnormal inputs and results
-//! to zero (mod.rs), and K-quant scales (f16 d, dmin, the products d·d_x)
-//! are subnormal often enough that a NEON pass would keep falling back, so
-//! the scaling runs in scalar VFP code, which is IEEE (Linux does not set
-//! flush-to-zero), with `portable`'s very expressions: Q4_K / Q5_K
+//! to zero (mod.rs), and K-quant scales can be subnormal (f16 d and dmin,
+//! whose smallest values are f32 normals but whose products with d_x need
+//! not be), so rather than a NEON pass with `int8.rs`'s check and scalar
+//! fallback, the scaling runs in scalar VFP code, which is IEEE (Linux does
+//! not set flush-to-zero), with `portable`'s very expressions: Q4_K / Q5_K
 //! acc[j] += (d·d_x)·S − (dmin·d_x)·M (`portable::k_min_term`, each product
 //! rounded on its own, no FMA), Q6_K acc[j] += (d·d_x)·S, super-block by
 //! super-block, then `combine8`. The scales d_x and sums Σ q_x are read
 //! from the activation blocks, as `portable` reads them, so activations
 //! with and without their side arrays give the same bits. The compiler does
-//! not vectorise this float code into NEON (LLVM keeps armv7 NEON's
-//! non-IEEE float arithmetic for fast-math only).
+//! not vectorise this float code into NEON (the disassembled kernels use
+//! only VFP s-register `vmul` / `vadd` / `vcvt` and the non-fused VFP
+//! `vmla` / `vmls`, which round the product and the sum separately).
 //!
 //! The four-token forms stay the trait's defaults (four single dots).
 
