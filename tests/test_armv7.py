@@ -74,7 +74,12 @@ def test_kernel_unit_tests_under_qemu(build, cpu):
               "arm::neon::float::tests::armv7_exp_is_within_1e6_relative",
               "arm::neon::float::tests::armv7_exp_matches_the_x86_operation_sequence",
               "arm::neon::int8::tests::armv7_block_sums_match_scalar",
-              "arm::neon::int8::tests::armv7_scale_check_boundary_matches_portable"]:
+              "arm::neon::int8::tests::armv7_scale_check_boundary_matches_portable",
+              "arm::neon::kquant::tests::armv7_kquant_sums_match_scalar",
+              "tests_kquant::kquant_dots_match_portable_and_exact_on_random_blocks",
+              "tests_kquant::kquant_dots_on_extreme_values_match_portable_and_exact",
+              "tests_kquant::kquant_integer_part_is_exact",
+              "tests_kquant::kquant_dots_agree_with_the_dequantised_rows"]:
         assert f"test kernels::{t} ... ok" in p.stdout, f"{cpu}: {t} did not run and pass"
 
 

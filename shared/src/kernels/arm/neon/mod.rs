@@ -50,7 +50,13 @@
 //! gives 0; through SiLU and GELU (1 + e) that cannot change a result, in
 //! softmax it changes only outputs below 2^-126.
 //!
-//! `float.rs` holds the f32 kernels and exp, `int8.rs` the quantised dots.
+//! * K-quant dots (Q4_K, Q5_K, Q6_K): the exact integer sums of each
+//!   32-weight sub-block (and Q6_K's 16-weight groups) in NEON as above,
+//!   the scales, mins and float part in scalar VFP code in `portable`'s
+//!   order, bit-identical on every input (`kquant.rs`).
+//!
+//! `float.rs` holds the f32 kernels and exp, `int8.rs` the quantised dots,
+//! `kquant.rs` the K-quant dots.
 
 use half::f16;
 
@@ -99,10 +105,13 @@ macro_rules! f16_consts {
 
 pub mod float;
 pub mod int8;
+pub mod kquant;
 
 /// The armv7 NEON + VFPv4 kernel set (32-bit ARM). Its kernels are plain
 /// functions around `asm!` (no target-feature attributes: rustc keeps NEON
-/// unstable on this target), so the methods call them directly.
+/// unstable on this target), so the methods call them directly; the K-quant
+/// dots are `unsafe fn`s whose contract is NEON (the start-up guard's), so
+/// `entry_points!` calls them.
 pub struct Armv7Neon;
 
 impl Kernels for Armv7Neon {
@@ -139,4 +148,5 @@ impl Kernels for Armv7Neon {
     fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
         int8::dot_q4(w, x.into())
     }
+    entry_points!(kquant: kquant_dots);
 }
