@@ -123,7 +123,7 @@ isa_features!(
     #[inline]
     pub(crate) fn q4k_codes(b: &BlockQ4K) -> [[__m128i; 2]; 8] {
         let p = unroll!(4, |h| nibbles32(&b.qs[32 * h..32 * h + 32]));
-        unroll!(8, |j| if j % 2 == 0 { p[j / 2].0 } else { p[j / 2].1 })
+        unroll!(8, |j| if j.is_multiple_of(2) { p[j / 2].0 } else { p[j / 2].1 })
     }
 
     /// A Q5_K super-block's codes (0..32): `q4k_codes`' nibbles with bit j
@@ -134,7 +134,7 @@ isa_features!(
         let qh = halves(&b.qh);
         let sixteen = _mm_set1_epi8(16);
         unroll!(8, |j| {
-            let nib = if j % 2 == 0 { p[j / 2].0 } else { p[j / 2].1 };
+            let nib = if j.is_multiple_of(2) { p[j / 2].0 } else { p[j / 2].1 };
             let bit = _mm_set1_epi8((1u8 << j) as i8);
             // 16 where bit j is set: (qh & bit == bit) & 16
             let high = |v| _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, bit), bit), sixteen);
