@@ -165,7 +165,7 @@ isa_features!(
     /// 2·63·128 = 16128 and ≤ 2·32·128 = 8192 (no saturation), their
     /// difference Σ (q − 32)·q_x over the pair has |·| ≤ 2·32·128 = 8192
     /// (so the i16 subtraction is exact), then `pmaddwd` by the scale:
-    /// pairs ≤ 2·8192·128 = 2^21, the sub-block's sum below 2^24.
+    /// pairs ≤ 2·8192·128 = 2^21, the sub-block's |S| ≤ 2^24 (see sse2/kquant.rs).
     #[inline]
     fn q6k_dot(w: &([__m128i; 2], __m128i, __m128i), q: &[i8; QK]) -> __m128i {
         let (x0, x1) = halves(q);

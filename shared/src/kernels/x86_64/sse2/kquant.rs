@@ -32,8 +32,9 @@
 //! Exactness of the SSE2 sub-block dots (`madd16`: `pmaddwd` on i16 weights
 //! and sign-extended i16 activations, |q_x| ≤ 128): Q4_K / Q5_K codes ≤ 31,
 //! a pair sum ≤ 2·31·128 = 7936; Q6_K's (q − 32)·sc has |·| ≤ 32·128 = 4096,
-//! so it fits i16 and `pmullw` is exact, a pair sum ≤ 2·4096·128 < 2^21 and
-//! a sub-block's 32 products < 2^24. No i32 lane overflows.
+//! so it fits i16 and `pmullw` is exact, a pair sum ≤ 2·4096·128 = 2^20 and
+//! a sub-block's |S| ≤ 32·4096·128 = 2^24 (exact in i32 and as f32; below
+//! 2^24 for activations in [-127, 127]). No i32 lane overflows.
 
 use core::arch::x86_64::*;
 
@@ -200,10 +201,10 @@ isa_features!(
         [_mm_setr_epi32(s(0), s(1), s(2), s(3)), _mm_setr_epi32(s(4), s(5), s(6), s(7))]
     }
 
-    /// The low 32 bits of a·b per i32 lane (`pmullw`'s 32-bit form, which
-    /// SSE2 lacks): `pmuludq` of lanes 0, 2 and of lanes 1, 3 (the low 32
-    /// bits of a product do not depend on the signedness), interleaved back.
-    /// Exact whenever the product fits i32.
+    /// The low 32 bits of a·b per i32 lane (`pmulld`, which SSE2 lacks):
+    /// `pmuludq` of lanes 0, 2 and of lanes 1, 3 (the low 32 bits of a
+    /// product do not depend on the signedness), interleaved back. Exact
+    /// whenever the product fits i32.
     #[cfg(not(target_feature = "sse4.1"))]
     #[inline]
     pub(crate) fn mul32(a: __m128i, b: __m128i) -> __m128i {
