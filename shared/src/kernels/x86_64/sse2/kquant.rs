@@ -71,7 +71,11 @@ macro_rules! kquant_dot {
                 $prep
             });
             let scales = $crate::kernels::x86_64::sse2::kquant::kquant_dot!(@scales $kind, blk);
-            acc = unroll!($n, |t| {
+            // the tokens one after another in a loop, not `unroll!`ed: the
+            // prepared weights are reloaded per token instead of spilled
+            // (four tokens' Q4_K and Q5_K dots ~20% faster so, Q6_K's the same)
+            #[allow(clippy::needless_range_loop)]
+            for t in 0..$n {
                 let x = xs[t];
                 let xb: &[$crate::quant::BlockQ8Act; 8] = x.blocks()[8 * s..8 * s + 8].try_into().unwrap();
                 let isums = $crate::kernels::x86_64::sse2::int8::reduce8(unroll!(8, |jj| {
@@ -80,8 +84,8 @@ macro_rules! kquant_dot {
                     $dot
                 }));
                 let dx = k::act_d8(x, xb, side[t], 8 * s);
-                $crate::kernels::x86_64::sse2::kquant::kquant_dot!(@fold $kind, acc[t], isums, scales, dx, x, xb, side[t], s)
-            });
+                acc[t] = $crate::kernels::x86_64::sse2::kquant::kquant_dot!(@fold $kind, acc[t], isums, scales, dx, x, xb, side[t], s);
+            }
         }
         unroll!($n, |t| k::finish(acc[t]))
     }};
