@@ -24,7 +24,7 @@
 //!    `portable::combine8`.
 //!
 //! So each result is `Portable`'s bit for bit: the integer parts are exact
-//! (so is their conversion to f32: |S|, |M| < 2^24) and the float operations
+//! (so is their conversion to f32: |S|, |M| ≤ 2^24) and the float operations
 //! are the same operations on the same operands in the same order. The
 //! activation scales and sums come from the contiguous side arrays when the
 //! `ActRef` has them, else from the blocks (the same values).
