@@ -1,14 +1,17 @@
 //! SSSE3 + SSE4.1 kernels: int8 dots with `pmaddubsw` (u8 × i8 pairs to i16)
 //! then `pmaddwd` by ones; for Q8 the sign trick |w| × sign(x, w). The f32
-//! kernels are SSE2's (nothing in SSE4.1 speeds them up).
+//! kernels are SSE2's (nothing in SSE4.1 speeds them up). The K-quant dots
+//! run SSE2's algorithm (`sse2/kquant.rs`'s `kquant_dot!`) with a
+//! `pmaddubsw` sub-block dot on the unsigned codes.
 
 use core::arch::x86_64::*;
 
 use super::sse2::float as sse2_float;
 use super::sse2::int8 as sse2_int8;
 use super::sse2::int8::{bcast4, halves, ld_rows, q4_dot, q8_dot, rows8_sse};
+use super::sse2::kquant::kquant_dot;
 use crate::kernels::Kernels;
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
+use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
 /// The SSSE3 + SSE4.1 kernel set.
 pub struct Sse41;
@@ -18,6 +21,7 @@ impl Kernels for Sse41 {
     const Q8_X8_BIAS: u8 = sse2_int8::Q8_X8_BIAS;
     entry_points!(sse2_float: f32_ops, kv_rows);
     entry_points!(self: int8_dots, int8_dots_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    entry_points!(self: kquant_dots, kquant_dots_x4);
     // Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
     // measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
     // sign(q, w) through `pmaddubsw`, which needs a `pmaddwd` per group anyway;
@@ -141,5 +145,80 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_sse!(4, w, xs, |blk, xb| q4_rows_isums(blk, xb))
+    }
+
+    /// A Q4_K / Q5_K sub-block's 32 codes (two vectors of bytes ≤ 31) · an
+    /// activation block's quants, four i32 lanes (exact): each `pmaddubsw`
+    /// pair sum is ≤ 2·31·128 = 7936 (no saturation), two of them added in
+    /// i16 ≤ 15872 < 2^15, then widened by `pmaddwd` with ones.
+    #[inline]
+    fn kq_dot(c: &[__m128i; 2], q: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(q);
+        let s = _mm_add_epi16(_mm_maddubs_epi16(c[0], x0), _mm_maddubs_epi16(c[1], x1));
+        _mm_madd_epi16(s, _mm_set1_epi16(1))
+    }
+
+    /// A Q6_K sub-block (codes 0..64, bytes 0..16 with group scale `s0`,
+    /// 16..32 with `s1`, both broadcast to i16) · an activation block's
+    /// quants: Σ sc·(q − 32)·q_x in four i32 lanes (exact). Per 16 bytes
+    /// `pmaddubsw`(q, q_x) − `pmaddubsw`(32, q_x): the pair sums are ≤
+    /// 2·63·128 = 16128 and ≤ 2·32·128 = 8192 (no saturation), their
+    /// difference Σ (q − 32)·q_x over the pair has |·| ≤ 2·32·128 = 8192
+    /// (so the i16 subtraction is exact), then `pmaddwd` by the scale:
+    /// pairs ≤ 2·8192·128 = 2^21, the sub-block's |S| ≤ 2^24 (see sse2/kquant.rs).
+    #[inline]
+    fn q6k_dot(w: &([__m128i; 2], __m128i, __m128i), q: &[i8; QK]) -> __m128i {
+        let (x0, x1) = halves(q);
+        let off = _mm_set1_epi8(32);
+        let centred = |c, x| _mm_sub_epi16(_mm_maddubs_epi16(c, x), _mm_maddubs_epi16(off, x));
+        let (c, s0, s1) = w;
+        _mm_add_epi32(_mm_madd_epi16(centred(c[0], x0), *s0), _mm_madd_epi16(centred(c[1], x1), *s1))
+    }
+
+    /// Q4_K weights · Q8 activations, bit for bit `Portable::dot_q4k`
+    /// (sse2/kquant.rs's `kquant_dot!`).
+    #[inline]
+    pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        kquant_dot!(q4k, 1, w, [x], |_b, c, _j| c, |wv, qs| kq_dot(wv, qs))[0]
+    }
+
+    /// Q5_K weights · Q8 activations, bit for bit `Portable::dot_q5k`.
+    #[inline]
+    pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        kquant_dot!(q5k, 1, w, [x], |_b, c, _j| c, |wv, qs| kq_dot(wv, qs))[0]
+    }
+
+    /// Q6_K weights · Q8 activations, bit for bit `Portable::dot_q6k`.
+    #[inline]
+    pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len() * 8, x.len());
+        kquant_dot!(q6k, 1, w, [x], |b, c, j| q6k_prep(b, c, j), |wv, qs| q6k_dot(wv, qs))[0]
+    }
+
+    /// A Q6_K sub-block j's codes with its two group scales broadcast to i16.
+    #[inline]
+    fn q6k_prep(b: &BlockQ6K, c: [__m128i; 2], j: usize) -> ([__m128i; 2], __m128i, __m128i) {
+        (c, _mm_set1_epi16(b.scales[2 * j] as i16), _mm_set1_epi16(b.scales[2 * j + 1] as i16))
+    }
+
+    /// `dot_q4k` of one weight row with four activation rows, the weights
+    /// unpacked once per super-block (each result bit-identical to `dot_q4k`'s).
+    #[inline]
+    pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+        kquant_dot!(q4k, 4, w, xs, |_b, c, _j| c, |wv, qs| kq_dot(wv, qs))
+    }
+
+    /// As `dot_q4k_x4` for Q5_K.
+    #[inline]
+    pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+        kquant_dot!(q5k, 4, w, xs, |_b, c, _j| c, |wv, qs| kq_dot(wv, qs))
+    }
+
+    /// As `dot_q4k_x4` for Q6_K.
+    #[inline]
+    pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+        kquant_dot!(q6k, 4, w, xs, |b, c, j| q6k_prep(b, c, j), |wv, qs| q6k_dot(wv, qs))
     }
 );

@@ -14,7 +14,8 @@
 //! elementwise ops agree across x86 builds too.
 //!
 //! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots (one row,
-//! and eight interleaved rows); the loads both use are here.
+//! and eight interleaved rows), `kquant.rs` the K-quant dots; the loads they
+//! use are here.
 
 use core::arch::x86_64::*;
 
@@ -23,6 +24,7 @@ use crate::quant::QK;
 
 pub mod float;
 pub mod int8;
+pub mod kquant;
 
 /// The SSE2 kernel set (every x86-64 CPU).
 pub struct Sse2;
@@ -32,6 +34,7 @@ impl Kernels for Sse2 {
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
     entry_points!(float: f32_ops, kv_rows);
     entry_points!(int8: int8_dots, int8_dots_x4, rows8);
+    entry_points!(kquant: kquant_dots, kquant_dots_x4);
 }
 
 isa_features!(
