@@ -104,18 +104,12 @@ pub trait Kernels {
     // ---- K-quant super-blocks of 256 · quantised activation blocks
     // (eight activation blocks per super-block; the order is `Portable`'s)
 
-    /// Q4_K weights · Q8 activations.
-    fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-        Portable::dot_q4k(w, x) // TEMPORARY(#15): every ISA gets its own before the merge
-    }
+    /// Q4_K weights · Q8 activations (no default: every set has its own).
+    fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32;
     /// Q5_K weights · Q8 activations.
-    fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-        Portable::dot_q5k(w, x) // TEMPORARY(#15)
-    }
+    fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32;
     /// Q6_K weights · Q8 activations.
-    fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-        Portable::dot_q6k(w, x) // TEMPORARY(#15)
-    }
+    fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32;
     /// One Q4_K row with four activation rows; result t is `dot_q4k` of row t, bit for bit.
     fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
         xs.map(|x| Self::dot_q4k(w, x))
