@@ -7,8 +7,17 @@
 //! diagonal lanes 0 and 3 hold A's and B's exact integer sums. Eight blocks
 //! per step in `portable`'s lane order (`neon::imp::sum_blocks`). Q4 weights
 //! go in as signed `nibble − 8`. The f32 kernels are NEON's.
+//!
+//! The K-quant dots are the dotprod build's (`neon_kquant` with `sdot`; the
+//! build includes dotprod). A K-quant sub-block is one dot of 32 bytes under
+//! its own scale (Q6_K: two of 16), `sdot`'s shape: two `sdot`s per
+//! sub-block. `smmla` would pair two sub-blocks: four `smmla`s per pair, the
+//! same count, plus the `zip`s interleaving their bytes, with half of its
+//! lanes the cross products A·x_B and B·x_A thrown away; nothing is gained
+//! for one activation row (not measured).
 
 use super::neon::imp as neon_imp;
+use super::neon_dotprod::imp as dotprod_imp;
 use crate::kernels::Kernels;
 
 /// The NEON + dotprod + i8mm kernel set.
@@ -17,6 +26,7 @@ pub struct I8mm;
 impl Kernels for I8mm {
     entry_points!(neon_imp: f32_ops);
     entry_points!(imp: int8_dots);
+    entry_points!(dotprod_imp: kquant_dots);
 }
 
 pub mod imp {

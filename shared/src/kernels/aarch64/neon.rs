@@ -6,7 +6,8 @@
 //! pairwise-accumulate into i32 lanes with `sadalp`, so every block's integer
 //! sum is exact. Q4 nibbles are turned into signed `nibble − 8` before the
 //! multiply, which gives the same exact integer as `portable`'s
-//! Σ nibble·q − 8·Σq.
+//! Σ nibble·q − 8·Σq. The K-quant dots are `neon_kquant`'s with `dot16`
+//! (`smull` + `sadalp` over 16 bytes) as the int8 dot.
 //!
 //! Cross-build identity: reductions follow `portable`'s order exactly
 //! (quantised dots: acc[i % 8] += (d_w·d_x)·isum, multiply then add; f32
@@ -28,12 +29,14 @@ pub struct Neon;
 impl Kernels for Neon {
     entry_points!(imp: f32_ops);
     entry_points!(imp: int8_dots);
+    entry_points!(imp: kquant_dots);
 }
 
 pub mod imp {
+    use super::super::neon_kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use crate::kernels::portable::combine8;
     use crate::kernels::portable::f16_bits_to_f32;
-    use crate::quant::{ActRef, Q4Block, Q8Block, QK};
+    use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block, QK};
     use core::arch::aarch64::*;
     use half::f16;
 
@@ -53,8 +56,7 @@ pub mod imp {
             unsafe { vst1q_f32(c.as_mut_ptr(), v) }
         }
 
-        /// Four i32 as a vector (for the SVE module).
-        #[allow(dead_code)]
+        /// Four i32 as a vector (the SVE block sums, the K-quant activation sums).
         #[inline]
         pub(crate) fn ld_i32(c: &[i32]) -> int32x4_t {
             let c: &[i32; 4] = c.try_into().unwrap();
@@ -95,6 +97,15 @@ pub mod imp {
             let a = vpadalq_s16(a, vmull_high_s8(w[0], x[0]));
             let a = vpadalq_s16(a, vmull_s8(vget_low_s8(w[1]), vget_low_s8(x[1])));
             vpadalq_s16(a, vmull_high_s8(w[1], x[1]))
+        }
+
+        /// acc + the 16 products a[k]·b[k] in four i32 lanes: `smull`/`smull2`
+        /// (i8 × i8 → i16, exact: |a·b| ≤ 2^14) and `sadalp` (pairs widened
+        /// to i32 before they are added).
+        #[inline]
+        pub(crate) fn dot16(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+            let acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+            vpadalq_s16(acc, vmull_high_s8(a, b))
         }
 
         /// Four vectors of per-block i32 partial sums → the four block sums in order (exact).
@@ -271,6 +282,24 @@ pub mod imp {
         pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
             dot_q4_with(w, x, |a, b| dot32(a, b))
+        }
+
+        /// Q4_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        #[inline]
+        pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+            dot_q4k_with(w, x, |acc, a, b| dot16(acc, a, b))
+        }
+
+        /// Q5_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        #[inline]
+        pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
+            dot_q5k_with(w, x, |acc, a, b| dot16(acc, a, b))
+        }
+
+        /// Q6_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        #[inline]
+        pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
+            dot_q6k_with(w, x, |acc, a, b| dot16(acc, a, b))
         }
 
         /// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)) of lanes 0..4 in

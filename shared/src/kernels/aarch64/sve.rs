@@ -14,8 +14,17 @@
 //! `neon::imp::sum_blocks`, so results are bit-identical to `portable` and
 //! every other build whatever the vector length (tested at 128, 256 and 512
 //! bits under qemu).
+//!
+//! The K-quant dots are the dotprod build's (`neon_kquant` with the NEON
+//! `sdot`; the build includes dotprod): their unit is a sub-block of 32
+//! bytes (Q6_K: groups of 16) under its own scale, two 128-bit `sdot`s
+//! whatever the SVE vector length; wider SVE vectors would hold several
+//! sub-blocks and need a reduction per 16- or 32-byte segment afterwards,
+//! and the per-sub-block scaling and lane order are NEON code either way
+//! (not measured against an SVE version).
 
 use super::neon::imp as neon_imp;
+use super::neon_dotprod::imp as dotprod_imp;
 use crate::kernels::Kernels;
 
 /// The SVE (+ dotprod, i8mm) kernel set.
@@ -24,6 +33,7 @@ pub struct Sve;
 impl Kernels for Sve {
     entry_points!(neon_imp: f32_ops);
     entry_points!(imp: int8_dots);
+    entry_points!(dotprod_imp: kquant_dots);
 }
 
 pub mod imp {
