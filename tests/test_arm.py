@@ -96,6 +96,10 @@ def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
               "dot_f32_matches_f64_and_portable_on_odd_lengths", "f32_ops_match_f64_and_portable",
               "f16_conversion_is_exact_for_every_value", "matmul_is_identical_for_any_batch_and_thread_count"]:
         assert f"test kernels::tests::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
+    for t in ["kquant_dots_match_portable_and_exact_on_random_blocks",
+              "kquant_dots_on_extreme_values_match_portable_and_exact", "kquant_integer_part_is_exact",
+              "kquant_dots_agree_with_the_dequantised_rows"]:
+        assert f"test kernels::tests_kquant::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
     assert "test kernels::aarch64::neon::imp::tests::neon_exp_matches_the_x86_operation_sequence ... ok" in p.stdout
     if sve_bits:
         assert f"SVE vector length: {sve_bits} bits" in p.stderr
