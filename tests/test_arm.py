@@ -14,7 +14,8 @@ features:
 * end to end, every variant's logits are byte-identical to the native x86-64
   build's (target/release/ml_variant): the tiny llama2 fixture as q4_0, q8_0
   and f16, SmolLM2-135M as q4_0 (rows long enough for the kernels'
-  eight-block steps), and (neon, sve) every fixture family as q8_0;
+  eight-block steps), Gemma 3 270M's Q4_K_M GGUF as it is (the K-quant
+  dots), and (neon, sve) every fixture family as q8_0;
 * the launcher ml_run, itself emulated, picks the best build for each CPU
   model, and answers a SmolLM2 chat on a Cortex-A76 (Raspberry Pi 5) with
   the same greedy text as the x86-64 build. An emulated program cannot exec
@@ -136,6 +137,19 @@ def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, t
         cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
         got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
         assert got == want, f"{name}: SmolLM2 logits differ from the native x86-64 build's"
+        assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
+
+
+def test_gemma3_q4_k_m_gguf_is_byte_identical_to_native_x86(builds, native, gemma3_gguf, tmp_path):
+    """Gemma 3 270M Q4_K_M run as it is (its Q4_K and Q6_K tensors through each build's K-quant
+    dots; 640-wide rows: odd numbers of super-blocks), prompt and one generated token."""
+    opts = ["--ctx", "64"]
+    want, want_ids = logits_bytes([native, *opts], gemma3_gguf, tmp_path / "native.f32", "2,818,5279", 1)
+    for name, (_, exe) in builds.items():
+        cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
+        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe, *opts], gemma3_gguf, tmp_path / f"{name}.f32",
+                                    "2,818,5279", 1)
+        assert got == want, f"{name}: Gemma 3 Q4_K_M logits differ from the native x86-64 build's"
         assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
 
 

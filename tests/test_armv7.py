@@ -16,8 +16,9 @@ the same flags (static glibc, `+neon,+vfp4,+d32`) and target dir
   start-up code uses VFP before the guard runs.)
 * end to end, the logits are byte-identical to the native x86-64 build's
   (target/release/ml_variant): the tiny llama2 fixture as q4_0, q8_0 and f16,
-  and SmolLM2-135M as q4_0 (rows long enough for the four-block steps and
-  the eight-lane sums). NEON's flushing of subnormals to zero (documented in
+  SmolLM2-135M as q4_0 (rows long enough for the four-block steps and
+  the eight-lane sums), and Gemma 3 270M's Q4_K_M GGUF as it is (the
+  K-quant dots). NEON's flushing of subnormals to zero (documented in
   shared/src/kernels/armv7_neon.rs) does not show in these logits.
 
 Needs the Rust target (`rustup target add armv7-unknown-linux-gnueabihf`),
@@ -108,4 +109,16 @@ def test_smollm2_logits_are_byte_identical_to_native_x86(build, native, smol, tm
     want, want_ids = logits_bytes([native], mlb, tmp_path / "native.f32", "1,2,3,4,5", 4)
     got, got_ids = logits_bytes([QEMU, "-cpu", "cortex-a15", exe], mlb, tmp_path / "armv7.f32", "1,2,3,4,5", 4)
     assert got == want, "SmolLM2 logits differ from the native x86-64 build's"
+    assert got_ids == want_ids, f"generated ids {got_ids} vs native {want_ids}"
+
+
+def test_gemma3_q4_k_m_gguf_is_byte_identical_to_native_x86(build, native, gemma3_gguf, tmp_path):
+    """Gemma 3 270M Q4_K_M run as it is (its Q4_K and Q6_K tensors through the armv7 K-quant
+    dots), prompt and one generated token."""
+    _, exe = build
+    opts = ["--ctx", "64"]
+    want, want_ids = logits_bytes([native, *opts], gemma3_gguf, tmp_path / "native.f32", "2,818,5279", 1)
+    got, got_ids = logits_bytes([QEMU, "-cpu", "cortex-a15", exe, *opts], gemma3_gguf, tmp_path / "armv7.f32",
+                                "2,818,5279", 1)
+    assert got == want, "Gemma 3 Q4_K_M logits differ from the native x86-64 build's"
     assert got_ids == want_ids, f"generated ids {got_ids} vs native {want_ids}"
