@@ -6,8 +6,9 @@
 //! from that ISA's own kernels: four tokens as four single-token dots,
 //! several KV rows as a loop over the single-row kernels. The eight-row
 //! kernels over interleaved weights default to `Portable`'s reference, which
-//! only tests reach: a set without its own (`ROWS8` false) makes the model
-//! keep its weights in the plain layout, so they are never called.
+//! only tests reach: a set without its own (`ROWS8` false; for the K-quant
+//! ones `KQUANT_ROWS8` false) makes the model keep those weights in the
+//! plain layout, so they are never called.
 //!
 //! Every implementation returns the same bits as `Portable` (see
 //! `kernels/portable.rs` for the summation order), which the kernel tests
