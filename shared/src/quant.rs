@@ -240,6 +240,82 @@ pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ
     })
 }
 
+/// Super-block s of eight consecutive Q4_K rows, interleaved for the
+/// eight-row K-quant kernels (`Kernels::dot_q4k_r8`): `d[k]`, `dmin[k]` are
+/// row k's; `scales[j][k]`, `mins[j][k]` row k's 6-bit scale and min of
+/// sub-block j (`scales_mins_k4`, unpacked); `qs[256·c + 32·g + 4·k + e]`
+/// is row k's nibble byte `qs[32·c + 4·g + e]`, so one 32-byte load (c, g)
+/// holds, in 32-bit lane k, row k's codes 4g..4g + 4 of sub-block 2c (low
+/// nibbles) and of sub-block 2c + 1 (high nibbles). 1184 bytes for 8 × 144.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4Kx8 {
+    pub d: [f16; ROWS8],
+    pub dmin: [f16; ROWS8],
+    pub scales: [[u8; ROWS8]; 8],
+    pub mins: [[u8; ROWS8]; 8],
+    pub qs: [u8; ROWS8 * QK_K / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 32 + 128 + 1024);
+
+/// Super-block s of eight consecutive Q6_K rows, interleaved for the
+/// eight-row K-quant kernels (`Kernels::dot_q6k_r8`): `d[k]` is row k's,
+/// `scales[i][k]` row k's scale of group i (16 weights); `qs[256·j + 32·g +
+/// 4·k + e]` is row k's 6-bit code (`q6k_code`, 0..64, unpacked to a byte)
+/// of weight 32·j + 4·g + e, so one 32-byte load (j, g) holds, in 32-bit
+/// lane k, row k's codes 4g..4g + 4 of sub-block j. 2192 bytes for 8 × 210.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6Kx8 {
+    pub d: [f16; ROWS8],
+    pub scales: [[i8; ROWS8]; 16],
+    pub qs: [u8; ROWS8 * QK_K],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 16 + 128 + 2048);
+
+/// The eight-row layout of a Q4_K matrix with `nb` super-blocks per row
+/// (whole groups only; the last rows % 8 rows stay in `w`).
+pub fn repack_q4k_x8(w: &[BlockQ4K], nb: usize, what: &str) -> Result<Vec<BlockQ4Kx8>, String> {
+    repack_x8(w, nb, what, |rows| {
+        let mut x = BlockQ4Kx8 {
+            d: rows.map(|r| r.d),
+            dmin: rows.map(|r| r.dmin),
+            scales: [[0; ROWS8]; 8],
+            mins: [[0; ROWS8]; 8],
+            qs: [0; ROWS8 * QK_K / 2],
+        };
+        for (k, r) in rows.iter().enumerate() {
+            let (sc, mn) = scales_mins_k4(&r.scales);
+            for j in 0..8 {
+                x.scales[j][k] = sc[j];
+                x.mins[j][k] = mn[j];
+            }
+            for (i, &q) in r.qs.iter().enumerate() {
+                let (c, g, e) = (i / 32, (i % 32) / 4, i % 4);
+                x.qs[256 * c + 32 * g + 4 * k + e] = q;
+            }
+        }
+        x
+    })
+}
+
+/// The eight-row layout of a Q6_K matrix (as `repack_q4k_x8`).
+pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ6Kx8>, String> {
+    repack_x8(w, nb, what, |rows| {
+        let mut x = BlockQ6Kx8 { d: rows.map(|r| r.d), scales: [[0; ROWS8]; 16], qs: [0; ROWS8 * QK_K] };
+        for (k, r) in rows.iter().enumerate() {
+            for i in 0..16 {
+                x.scales[i][k] = r.scales[i];
+            }
+            for e in 0..QK_K {
+                let (j, g, l) = (e / 32, (e % 32) / 4, e % 4);
+                x.qs[256 * j + 32 * g + 4 * k + l] = q6k_code(r, e);
+            }
+        }
+        x
+    })
+}
+
 /// Activation block: x ≈ d · q, `sum` = Σ q (exact).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

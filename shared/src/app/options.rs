@@ -85,7 +85,7 @@ pub struct RunArgs {
     /// System prompt for the chat template.
     #[arg(long)]
     pub system: Option<String>,
-    /// Keep Q8_0/Q4_0 weights only in the mapped file: no interleaved copy
+    /// Keep Q8_0/Q4_0 (Q4_K/Q6_K) weights only in the mapped file: no interleaved copy
     /// for the eight-row kernels (slower, less memory; same logits).
     #[arg(long)]
     pub no_repack: bool,

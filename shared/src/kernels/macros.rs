@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -22,6 +22,7 @@ macro_rules! entry_points {
     (@group $m:ident kquant_dots) => { entry_points!($m: dot_q4k, dot_q5k, dot_q6k); };
     (@group $m:ident kquant_dots_x4) => { entry_points!($m: dot_q4k_x4, dot_q5k_x4, dot_q6k_x4); };
     (@group $m:ident rows8) => { entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4); };
+    (@group $m:ident kquant_rows8) => { entry_points!($m: dot_q4k_r8, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x4); };
     (@group $m:ident $name:ident) => { entry_points!(@one $m $name); };
     (@one $m:ident dot_f32) => {
         #[inline]
@@ -95,6 +96,34 @@ macro_rules! entry_points {
         fn dot_q4_r8_x4(w: &[crate::quant::BlockQ4_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q4_r8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q4k_r8) => {
+        #[inline]
+        fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4k_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_q4k_r8_x4) => {
+        #[inline]
+        fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q4k_r8_x4(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q6k_r8) => {
+        #[inline]
+        fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q6k_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_q6k_r8_x4) => {
+        #[inline]
+        fn dot_q6k_r8_x4(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q6k_r8_x4(w, xs) }
         }
     };
     (@one $m:ident dot_q4k) => {

@@ -10,8 +10,8 @@ use rayon::prelude::*;
 
 use super::{Arch, Kernels};
 use crate::quant::{
-    dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockQ4K, BlockQ4_0, BlockQ4_0F32,
-    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+    dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0,
+    BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// Borrowed rows of a weight matrix, in their stored type.
@@ -28,13 +28,16 @@ pub enum WeightData<'a> {
     Q6K(&'a [BlockQ6K]),
 }
 
-/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix again, in the eight-row
-/// interleaved layout (the eight-row kernels): group g's block b at g·(cols/32) + b.
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q6_K matrix again, in the
+/// eight-row interleaved layout (the eight-row kernels): group g's block b
+/// at g·nb + b, nb = cols/32 (Q8_0, Q4_0) or cols/256 (Q4_K, Q6_K).
 #[derive(Clone, Copy)]
 pub enum Packed<'a> {
     None,
     Q8(&'a [BlockQ8_0x8]),
     Q4(&'a [BlockQ4_0x8]),
+    Q4K(&'a [BlockQ4Kx8]),
+    Q6K(&'a [BlockQ6Kx8]),
 }
 
 /// A [rows, cols] weight matrix (row-major, cols contiguous).
@@ -88,12 +91,14 @@ impl<'a> MatRef<'a> {
     /// Blocks of the repacked rows r .. r + 8 in `packed`, if r starts a repacked group.
     #[inline]
     fn group_blocks(&self, r: usize) -> Option<std::ops::Range<usize>> {
-        let packed_len = match self.packed {
-            Packed::Q8(p) => p.len(),
-            Packed::Q4(p) => p.len(),
+        let (packed_len, b) = match self.packed {
+            Packed::Q8(p) => (p.len(), self.cols / QK),
+            Packed::Q4(p) => (p.len(), self.cols / QK),
+            Packed::Q4K(p) => (p.len(), self.cols / QK_K),
+            Packed::Q6K(p) => (p.len(), self.cols / QK_K),
             Packed::None => return None,
         };
-        let (b, g) = (self.cols / QK, r / ROWS8);
+        let g = r / ROWS8;
         (r.is_multiple_of(ROWS8) && (g + 1) * b <= packed_len).then(|| g * b..(g + 1) * b)
     }
 
@@ -104,6 +109,8 @@ impl<'a> MatRef<'a> {
         match self.packed {
             Packed::Q8(p) => Some(Arch::dot_q8_r8(&p[blocks], xq)),
             Packed::Q4(p) => Some(Arch::dot_q4_r8(&p[blocks], xq)),
+            Packed::Q4K(p) => Some(Arch::dot_q4k_r8(&p[blocks], xq)),
+            Packed::Q6K(p) => Some(Arch::dot_q6k_r8(&p[blocks], xq)),
             Packed::None => None,
         }
     }
@@ -115,6 +122,8 @@ impl<'a> MatRef<'a> {
         match self.packed {
             Packed::Q8(p) => Some(Arch::dot_q8_r8_x4(&p[blocks], xq)),
             Packed::Q4(p) => Some(Arch::dot_q4_r8_x4(&p[blocks], xq)),
+            Packed::Q4K(p) => Some(Arch::dot_q4k_r8_x4(&p[blocks], xq)),
+            Packed::Q6K(p) => Some(Arch::dot_q6k_r8_x4(&p[blocks], xq)),
             Packed::None => None,
         }
     }

@@ -11,8 +11,8 @@ use half::f16;
 
 use super::set::Kernels;
 use crate::quant::{
-    q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0x8,
-    Q4Block, Q8Block, QK,
+    q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K,
+    BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, QK,
 };
 
 /// The scalar kernel set.
@@ -189,6 +189,55 @@ impl Kernels for Portable {
             }
         }
         combine8(acc)
+    }
+
+    /// Eight interleaved Q4_K rows (`quant::repack_q4k_x8`) · one activation
+    /// row: row k's result is `dot_q4k` of row k, the same operations.
+    fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+        for (s, bw) in w.iter().enumerate() {
+            for (k, row) in acc.iter_mut().enumerate() {
+                let (d, dmin) = (bw.d[k].to_f32(), bw.dmin[k].to_f32());
+                for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                    let isum: i32 = (0..QK)
+                        .map(|l| {
+                            let byte = bw.qs[256 * (j / 2) + 32 * (l / 4) + 4 * k + l % 4];
+                            ((byte >> (4 * (j % 2))) & 15) as i32 * bx.qs[l] as i32
+                        })
+                        .sum();
+                    let (sc, mn) = (bw.scales[j][k] as i32, bw.mins[j][k] as i32);
+                    row[j] += k_min_term(d, dmin, bx.d, sc * isum, mn * bx.sum);
+                }
+            }
+        }
+        acc.map(combine8)
+    }
+
+    /// Eight interleaved Q6_K rows (`quant::repack_q6k_x8`) · one activation
+    /// row: row k's result is `dot_q6k` of row k, the same operations.
+    fn dot_q6k_r8(w: &[BlockQ6Kx8], x: ActRef) -> [f32; 8] {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+        for (s, bw) in w.iter().enumerate() {
+            for (k, row) in acc.iter_mut().enumerate() {
+                for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                    let mut isum = 0i32;
+                    for g in 0..2 {
+                        let part: i32 = (0..16)
+                            .map(|l| {
+                                let e = 16 * g + l;
+                                let q = bw.qs[256 * j + 32 * (e / 4) + 4 * k + e % 4];
+                                (q as i32 - 32) * bx.qs[e] as i32
+                            })
+                            .sum();
+                        isum += bw.scales[2 * j + g][k] as i32 * part;
+                    }
+                    row[j] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+                }
+            }
+        }
+        acc.map(combine8)
     }
 
     /// out = x / sqrt(mean(x²) + eps) · w.

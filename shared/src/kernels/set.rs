@@ -6,8 +6,9 @@
 //! from that ISA's own kernels: four tokens as four single-token dots,
 //! several KV rows as a loop over the single-row kernels. The eight-row
 //! kernels over interleaved weights default to `Portable`'s reference, which
-//! only tests reach: a set without its own (`ROWS8` false) makes the model
-//! keep its weights in the plain layout, so they are never called.
+//! only tests reach: a set without its own (`ROWS8` false; for the K-quant
+//! ones `KQUANT_ROWS8` false) makes the model keep those weights in the
+//! plain layout, so they are never called.
 //!
 //! Every implementation returns the same bits as `Portable` (see
 //! `kernels/portable.rs` for the summation order), which the kernel tests
@@ -16,7 +17,9 @@
 use half::f16;
 
 use super::portable::Portable;
-use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0x8, Q4Block, Q8Block};
+use crate::quant::{
+    ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block,
+};
 
 pub trait Kernels {
     /// This set has its own eight-row kernels (`dot_q8_r8` ...): the model
@@ -25,6 +28,10 @@ pub trait Kernels {
     /// What the eight-row Q8 kernels expect XORed into every interleaved
     /// quant (`quant::repack_q8_x8`).
     const Q8_X8_BIAS: u8 = Portable::Q8_X8_BIAS;
+    /// This set has its own eight-row K-quant kernels (`dot_q4k_r8`,
+    /// `dot_q6k_r8` ...): the model copies Q4_K / Q6_K matrices into the
+    /// interleaved layout at load time (the other sets keep them per row).
+    const KQUANT_ROWS8: bool = false;
 
     // ---- f32 vectors
 
@@ -121,5 +128,28 @@ pub trait Kernels {
     /// As `dot_q4k_x4` for Q6_K.
     fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
         xs.map(|x| Self::dot_q6k(w, x))
+    }
+
+    // ---- eight interleaved K-quant rows (`quant::BlockQ4Kx8`, `BlockQ6Kx8`;
+    // defaults as for `dot_q8_r8`: `Portable`'s reference, reached only by
+    // tests for a set without its own, `KQUANT_ROWS8` false)
+
+    /// Eight interleaved Q4_K rows · one activation row: row k's result is
+    /// `dot_q4k` of row k, bit for bit.
+    fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
+        Portable::dot_q4k_r8(w, x)
+    }
+    /// Eight interleaved Q4_K rows · four activation rows.
+    fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_q4k_r8(w, x))
+    }
+    /// Eight interleaved Q6_K rows · one activation row: row k's result is
+    /// `dot_q6k` of row k, bit for bit.
+    fn dot_q6k_r8(w: &[BlockQ6Kx8], x: ActRef) -> [f32; 8] {
+        Portable::dot_q6k_r8(w, x)
+    }
+    /// Eight interleaved Q6_K rows · four activation rows.
+    fn dot_q6k_r8_x4(w: &[BlockQ6Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_q6k_r8(w, x))
     }
 }

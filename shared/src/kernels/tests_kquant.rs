@@ -270,3 +270,83 @@ fn kquant_dots_agree_with_the_dequantised_rows() {
     crate::quant::dequant_q6k(&w6, &mut row);
     close(Arch::dot_q6k(&w6, xq.as_ref()), f64_dot(&row), "q6_k");
 }
+
+/// The eight-row K-quant kernels (`dot_q4k_r8`, `dot_q6k_r8` and their
+/// four-token forms, this build's and `Portable`'s) over repacked rows
+/// against the single-row `Portable` dots, bit for bit: every row of two
+/// groups (three rows left over), one token and four, with contiguous
+/// scales and from plain blocks, odd super-block counts, random and
+/// extreme blocks and activations.
+#[test]
+fn kquant_eight_row_dots_equal_single_row_dots() {
+    use crate::quant::{repack_q4k_x8, repack_q6k_x8, ROWS8};
+    let mut rng = Rng(0x8_70_45);
+    let bits8 = |v: [f32; 8]| v.map(f32::to_bits);
+    for (nb, pattern, extreme) in
+        [(1, 3, false), (2, 3, false), (3, 3, false), (5, 3, false), (8, 3, false), (9, 3, false), (17, 3, false)]
+            .into_iter()
+            .chain((0..4).flat_map(|p| [(1, p, true), (3, p, true), (9, p, true)]))
+    {
+        let rows = 2 * ROWS8 + 3;
+        let (w4, w6) = (q4k(&mut rng, rows * nb, pattern, extreme), q6k(&mut rng, rows * nb, pattern, extreme));
+        let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
+        assert_eq!((p4.len(), p6.len()), (2 * nb, 2 * nb));
+        let acts: Vec<ActQ8> = (0..4).map(|_| acts(&mut rng, 8 * nb, pattern, extreme)).collect();
+        let xs = [0, 1, 2, 3].map(|t| acts[t].as_ref());
+        let plain = xs.map(|x| ActRef::from(x.blocks()));
+        let tag = format!("nb={nb} pattern={pattern} extreme={extreme}");
+        for g in 0..2 {
+            let blocks = g * nb..(g + 1) * nb;
+            let (q4, q6) = (&p4[blocks.clone()], &p6[blocks]);
+            let row = |k: usize| (g * ROWS8 + k) * nb..(g * ROWS8 + k + 1) * nb;
+            let (a4, a6) = (Arch::dot_q4k_r8_x4(q4, xs), Arch::dot_q6k_r8_x4(q6, xs));
+            let (b4, b6) = (Arch::dot_q4k_r8_x4(q4, plain), Arch::dot_q6k_r8_x4(q6, plain));
+            for (t, (&x, &xp)) in xs.iter().zip(&plain).enumerate() {
+                let want4: [u32; 8] = std::array::from_fn(|k| Portable::dot_q4k(&w4[row(k)], x).to_bits());
+                let want6: [u32; 8] = std::array::from_fn(|k| Portable::dot_q6k(&w6[row(k)], x).to_bits());
+                assert_eq!(bits8(Portable::dot_q4k_r8(q4, x)), want4, "portable q4_k r8 {tag} g={g}");
+                assert_eq!(bits8(Portable::dot_q6k_r8(q6, x)), want6, "portable q6_k r8 {tag} g={g}");
+                assert_eq!(bits8(Arch::dot_q4k_r8(q4, x)), want4, "q4_k r8 {tag} g={g} t={t}");
+                assert_eq!(bits8(Arch::dot_q6k_r8(q6, x)), want6, "q6_k r8 {tag} g={g} t={t}");
+                assert_eq!(bits8(Arch::dot_q4k_r8(q4, xp)), want4, "q4_k r8 plain {tag} g={g} t={t}");
+                assert_eq!(bits8(Arch::dot_q6k_r8(q6, xp)), want6, "q6_k r8 plain {tag} g={g} t={t}");
+                assert_eq!(bits8(a4[t]), want4, "q4_k r8 x4 {tag} g={g} t={t}");
+                assert_eq!(bits8(a6[t]), want6, "q6_k r8 x4 {tag} g={g} t={t}");
+                assert_eq!(bits8(b4[t]), want4, "q4_k r8 x4 plain {tag} g={g} t={t}");
+                assert_eq!(bits8(b6[t]), want6, "q6_k r8 x4 plain {tag} g={g} t={t}");
+            }
+        }
+    }
+}
+
+/// A Q4_K and a Q6_K matrix give the same bits through `matmul` with and
+/// without the eight-row layout, for one token, a batch split by row tiles
+/// and one split by runs of tokens, on 1 to 3 threads.
+#[test]
+fn kquant_matmul_is_identical_with_and_without_repack() {
+    use crate::quant::{repack_q4k_x8, repack_q6k_x8};
+    let mut rng = Rng(0x6d61_746d);
+    let (rows, cols) = (37, 3 * 256);
+    let nb = cols / 256;
+    let (w4, w6) = (q4k(&mut rng, rows * nb, 3, false), q6k(&mut rng, rows * nb, 3, false));
+    let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
+    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for n_tok in [1, 9, 70] {
+        let x = rng.vec(n_tok * cols);
+        for (data, packed) in [(WeightData::Q4K(&w4), Packed::Q4K(&p4)), (WeightData::Q6K(&w6), Packed::Q6K(&p6))] {
+            let m = MatRef { rows, cols, data, packed };
+            let mut plain = vec![0.0; n_tok * rows];
+            matmul(&MatRef { packed: Packed::None, ..m }, &Input::new(&x, cols), &mut plain);
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut got = vec![0.0; n_tok * rows];
+                pool.install(|| matmul(&m, &Input::new(&x, cols), &mut got));
+                assert_eq!(bits(&got), bits(&plain), "repacked K-quant rows, {n_tok} tokens, {threads} threads");
+                let mut single = vec![0.0; rows];
+                let xs = &x[(n_tok - 1) * cols..];
+                pool.install(|| matmul(&m, &Input::new(xs, cols), &mut single));
+                assert_eq!(bits(&single), bits(&plain[(n_tok - 1) * rows..]), "last token alone, {threads} threads");
+            }
+        }
+    }
+}

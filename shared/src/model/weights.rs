@@ -12,8 +12,8 @@ use super::Model;
 use crate::format::mlb::{Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    repack_q4_x8, repack_q8_x8, BlockQ4K, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8_0,
-    BlockQ8_0F32, BlockQ8_0x8, QK, ROWS8,
+    repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
+    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// A weight matrix located in the mapped file, and its rows again in the
@@ -28,12 +28,16 @@ pub(super) struct Matrix {
     pub(super) packed: Option<Arc<PackedRows>>,
 }
 
-/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 matrix copied into the
-/// interleaved layout of the eight-row kernels (`Kernels::dot_q8_r8` ...; memory: the same bytes again).
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 (or, when the kernels have them,
+/// Q4_K / Q6_K) matrix copied into the interleaved layout of the eight-row
+/// kernels (`Kernels::dot_q8_r8`, `dot_q4k_r8` ...; memory: the same bytes
+/// again, Q4_K's 3 % and Q6_K's 30 % more).
 #[derive(Debug)]
 pub(super) enum PackedRows {
     Q8(Vec<BlockQ8_0x8>),
     Q4(Vec<BlockQ4_0x8>),
+    Q4K(Vec<BlockQ4Kx8>),
+    Q6K(Vec<BlockQ6Kx8>),
 }
 
 impl PackedRows {
@@ -41,6 +45,8 @@ impl PackedRows {
         match self {
             PackedRows::Q8(v) => std::mem::size_of_val(&v[..]),
             PackedRows::Q4(v) => std::mem::size_of_val(&v[..]),
+            PackedRows::Q4K(v) => std::mem::size_of_val(&v[..]),
+            PackedRows::Q6K(v) => std::mem::size_of_val(&v[..]),
         }
     }
 }
@@ -48,8 +54,9 @@ impl PackedRows {
 /// How to load a model.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadOptions {
-    /// Copy Q8_0 / Q4_0 matrices into the eight-row interleaved layout when
-    /// this build has kernels for it (faster; costs their size in memory).
+    /// Copy Q8_0 / Q4_0 (and Q4_K / Q6_K) matrices into the eight-row
+    /// interleaved layout when this build has kernels for it (faster; costs
+    /// their size in memory).
     pub repack: bool,
 }
 
@@ -207,6 +214,8 @@ impl Model {
         let packed = match m.packed.as_deref() {
             Some(PackedRows::Q8(p)) => Packed::Q8(p),
             Some(PackedRows::Q4(p)) => Packed::Q4(p),
+            Some(PackedRows::Q4K(p)) => Packed::Q4K(p),
+            Some(PackedRows::Q6K(p)) => Packed::Q6K(p),
             None => Packed::None,
         };
         MatRef { rows: m.rows, cols: m.cols, data, packed }
@@ -223,7 +232,8 @@ fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
 /// Checks tensors against the configuration while loading.
 struct Loader<'a> {
     file: &'a Mlb,
-    /// Repack Q8_0 / Q4_0 matrices for the eight-row kernels.
+    /// Repack Q8_0 / Q4_0 matrices (and Q4_K / Q6_K when `Arch::KQUANT_ROWS8`)
+    /// for the eight-row kernels.
     repack: bool,
 }
 
@@ -256,6 +266,12 @@ impl Loader<'_> {
                     Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?))
                 }
                 TensorType::Q4_0 => Some(PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?)),
+                TensorType::Q4K if Arch::KQUANT_ROWS8 => {
+                    Some(PackedRows::Q4K(repack_q4k_x8(cast(bytes), cols / QK_K, &what)?))
+                }
+                TensorType::Q6K if Arch::KQUANT_ROWS8 => {
+                    Some(PackedRows::Q6K(repack_q6k_x8(cast(bytes), cols / QK_K, &what)?))
+                }
                 _ => None,
             }
             .map(Arc::new);

@@ -7,15 +7,20 @@
 //! Q8 weights stored as w + 128 (unsigned), so `vpdpbusd` multiplies them by
 //! the broadcast activations directly, −128·Σq after. The K-quant dots are
 //! avx2/kquant.rs's (`kmin_dot_n!`, `q6k_dot_n!`) with `vpdpbusd` as the
-//! block dot. The f32 kernels are AVX2's.
+//! block dot, their eight-row forms avx2/kquant_rows8.rs's (`q4k_rows8_n!`,
+//! `q6k_rows8_n!`) with a chain of `vpdpbusd`. The f32 kernels are AVX2's.
 
 use core::arch::x86_64::*;
 
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
+use super::avx2::kquant_rows8::{q4k_rows8_n, q6k_rows8_n};
 use crate::kernels::Kernels;
-use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block};
+use crate::quant::{
+    ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8, Q4Block,
+    Q8Block,
+};
 
 /// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
 pub struct Avx512Vnni;
@@ -23,8 +28,9 @@ pub struct Avx512Vnni;
 impl Kernels for Avx512Vnni {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
+    const KQUANT_ROWS8: bool = true;
     entry_points!(avx2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4);
+    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4, kquant_rows8);
 }
 
 isa_features!(
@@ -172,5 +178,40 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+);
+
+isa_features!(
+    /// Four groups' u8 × i8 products per lane, exact: a chain of four `vpdpbusd`.
+    #[inline]
+    fn dot16(u: [__m256i; 4], x: [__m256i; 4]) -> __m256i {
+        let mut s = _mm256_setzero_si256();
+        let _ = unroll!(4, |g| s = _mm256_dpbusd_epi32(s, u[g], x[g]));
+        s
+    }
+
+    /// Eight interleaved Q4_K rows · one activation row: row k's result is
+    /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
+    #[inline]
+    pub(crate) fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
+        q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+    }
+
+    /// Eight interleaved Q4_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        q4k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+    }
+
+    /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).
+    #[inline]
+    pub(crate) fn dot_q6k_r8(w: &[BlockQ6Kx8], x: ActRef) -> [f32; 8] {
+        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+    }
+
+    /// Eight interleaved Q6_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x4(w: &[BlockQ6Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
     }
 );

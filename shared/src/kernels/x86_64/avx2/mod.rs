@@ -6,12 +6,13 @@
 //! to the eight block sums, then one f32 multiply and add into the eight
 //! lanes (`sum_blocks8_n!`). Repacked weights (`quant::BlockQ8_0x8`,
 //! `BlockQ4_0x8`) go eight rows at a time, one row per lane, with no
-//! horizontal reduction (`rows8_n!`). The AVX-512 VNNI build re-exports the
-//! f32 half.
+//! horizontal reduction (`rows8_n!`); so do repacked Q4_K / Q6_K matrices
+//! (`quant::BlockQ4Kx8`, `BlockQ6Kx8`; `kquant_rows8.rs`). The AVX-512 VNNI
+//! build re-exports the f32 half.
 //!
 //! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots,
-//! `kquant.rs` the K-quant (Q4_K, Q5_K, Q6_K) dots; the loads they use are
-//! here.
+//! `kquant.rs` the K-quant (Q4_K, Q5_K, Q6_K) dots, `kquant_rows8.rs` their
+//! eight-row forms; the loads they use are here.
 
 use core::arch::x86_64::*;
 
@@ -20,6 +21,7 @@ use crate::kernels::Kernels;
 pub mod float;
 pub mod int8;
 pub mod kquant;
+pub mod kquant_rows8;
 
 /// The AVX2 + FMA + F16C kernel set (FMA enabled, never used: see above).
 pub struct Avx2;
@@ -27,9 +29,11 @@ pub struct Avx2;
 impl Kernels for Avx2 {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
+    const KQUANT_ROWS8: bool = true;
     entry_points!(float: f32_ops, kv_rows);
     entry_points!(int8: int8_dots, int8_dots_x4, rows8);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
+    entry_points!(kquant_rows8: kquant_rows8);
 }
 
 isa_features!(

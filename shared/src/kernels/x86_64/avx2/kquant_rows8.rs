@@ -1,0 +1,214 @@
+//! AVX2 eight-row K-quant dots: eight interleaved Q4_K or Q6_K rows
+//! (`quant::BlockQ4Kx8`, `BlockQ6Kx8`) against quantised activations, one
+//! token or four, one vector lane per row and no horizontal reduction, each
+//! row in `portable`'s float order bit for bit. Written once here
+//! (`q4k_rows8_n!`, `q6k_rows8_n!`) and shared with the AVX-512 VNNI
+//! build, which hands it `vpdpbusd` as the 16-weight dot instead of
+//! `vpmaddubsw` + `vpmaddwd`.
+//!
+//! Per super-block s and sub-block j (activation block 8·s + j): one
+//! 32-byte load per group g of four weights holds row k's four codes in
+//! 32-bit lane k; `$dot16(codes of groups 4h..4h + 4, the four activation
+//! bytes of each group broadcast)` gives the eight rows' exact Σ q·q_x over
+//! the half h (16 weights) as i32 lanes.
+//!
+//! * Q4_K: S = sc[k][j]·(Σ over both halves), M = m[k][j]·Σ q_x (the
+//!   block's `sum`), both `vpmulld`; lane k of accumulator j +=
+//!   (d_k·d_x)·S − (dmin_k·d_x)·M, every product rounded on its own, no FMA
+//!   (`portable::k_min_term`). The codes are nibbles: (c, g)'s load holds
+//!   sub-block 2c (low nibbles) and 2c + 1 (high), unpacked in registers.
+//! * Q6_K: the codes are bytes 0..63; per half h, Σ (q − 32)·q_x =
+//!   Σ q·q_x − 32·X_h, X_h the activations' sum over the half (computed
+//!   from the quants, `act_halves`); S = sc[k][2j]·(half 0) +
+//!   sc[k][2j+1]·(half 1), lane k of accumulator j += (d_k·d_x)·S.
+//! * Accumulator j takes the blocks with index ≡ j mod 8, as `portable`'s
+//!   partial sum j; the eight are combined per lane as `portable::combine8`
+//!   (`int8::combine_rows`).
+//!
+//! Integer exactness. Activation quants are any i8 (|q_x| ≤ 128), codes
+//! unsigned, ≤ 15 (Q4_K) or ≤ 63 (Q6_K). AVX2's `vpmaddubsw` adds two u8 ×
+//! i8 products in an i16: ≤ 2·63·128 = 16128; two such pairs are added in
+//! i16 before `vpmaddwd` (≤ 32256 < 32767), so nothing saturates;
+//! `vpmaddwd` by ones and `vpdpbusd` widen to i32 without loss. Sums: Q4_K
+//! |Σ q·q_x| ≤ 32·15·128, times sc ≤ 63: < 2^22; |M| ≤ 63·32·128 < 2^18;
+//! Q6_K |Σ_16 q·q_x| ≤ 16·63·128 < 2^17, |32·X_h| ≤ 32·16·128 = 2^16,
+//! |Σ_16 (q − 32)·q_x| ≤ 16·32·128 = 2^16, times |sc| ≤ 128, two of them:
+//! ≤ 2^24. All i32 arithmetic is exact, so S and M are `portable`'s
+//! integers and their conversions to f32 the same floats.
+
+use core::arch::x86_64::*;
+
+use super::int8::ld32;
+use crate::quant::BlockQ8Act;
+
+/// Q4_K eight interleaved rows · N activation rows (module doc).
+/// `$dot16(codes: [__m256i; 4], x: [__m256i; 4])` is the exact i32 sum of
+/// the four groups' u8 × i8 products per lane. A macro, so that all of it
+/// is inlined into the kernel.
+macro_rules! q4k_rows8_n {
+    ($n:tt, $w:expr, $xs:expr, $dot16:expr $(,)?) => {{
+        use core::arch::x86_64::*;
+        use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, ld_rows, scales_f16};
+        use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8};
+        use $crate::quant::{ActRef, BlockQ4Kx8, BlockQ8Act};
+        let w: &[BlockQ4Kx8] = $w;
+        let xs: [ActRef; $n] = $xs;
+        let dot16 = $dot16;
+        let mut same_len = true;
+        for x in &xs {
+            same_len &= x.len() == 8 * w.len();
+        }
+        assert!(same_len, "eight-row Q4_K dot: {} super-blocks per row, activations differ", w.len());
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [[_mm256_setzero_ps(); 8]; $n];
+        for (s, blk) in w.iter().enumerate() {
+            let (d, dmin) = (scales_f16(&blk.d), scales_f16(&blk.dmin));
+            let _ = unroll!(4, |c| {
+                let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+                let lo = unroll!(8, |g| _mm256_and_si256(v[g], m4));
+                let hi = unroll!(8, |g| _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), m4));
+                let (sc0, mn0) = (lanes_u8(&blk.scales[2 * c]), lanes_u8(&blk.mins[2 * c]));
+                let (sc1, mn1) = (lanes_u8(&blk.scales[2 * c + 1]), lanes_u8(&blk.mins[2 * c + 1]));
+                let _ = unroll!($n, |t| {
+                    let xb: &[BlockQ8Act; 8] = xs[t].blocks()[8 * s..8 * s + 8].try_into().unwrap();
+                    let (x0, x1) = (&xb[2 * c], &xb[2 * c + 1]);
+                    let sum = |q: &[__m256i; 8], x: &BlockQ8Act| {
+                        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
+                        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
+                        _mm256_add_epi32(a, b)
+                    };
+                    let (s0, s1) = (sum(&lo, x0), sum(&hi, x1));
+                    acc[t][2 * c] = k_min_rows(acc[t][2 * c], s0, sc0, mn0, x0, d, dmin);
+                    acc[t][2 * c + 1] = k_min_rows(acc[t][2 * c + 1], s1, sc1, mn1, x1, d, dmin);
+                });
+            });
+        }
+        unroll!($n, |t| combine_rows(acc[t]))
+    }};
+}
+#[allow(unused_imports)] // used by the AVX-512 VNNI build
+pub(crate) use q4k_rows8_n;
+
+/// Q6_K eight interleaved rows · N activation rows (module doc), `$dot16`
+/// as for `q4k_rows8_n!`.
+macro_rules! q6k_rows8_n {
+    ($n:tt, $w:expr, $xs:expr, $dot16:expr $(,)?) => {{
+        use core::arch::x86_64::*;
+        use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, ld_rows, scales_f16};
+        use $crate::kernels::x86_64::avx2::kquant_rows8::{act_halves, lanes_i8};
+        use $crate::quant::{ActRef, BlockQ6Kx8, BlockQ8Act};
+        let w: &[BlockQ6Kx8] = $w;
+        let xs: [ActRef; $n] = $xs;
+        let dot16 = $dot16;
+        let mut same_len = true;
+        for x in &xs {
+            same_len &= x.len() == 8 * w.len();
+        }
+        assert!(same_len, "eight-row Q6_K dot: {} super-blocks per row, activations differ", w.len());
+        let mut acc = [[_mm256_setzero_ps(); 8]; $n];
+        for (s, blk) in w.iter().enumerate() {
+            let d = scales_f16(&blk.d);
+            let _ = unroll!(8, |j| {
+                let q = unroll!(8, |g| ld_rows(&blk.qs[256 * j..256 * j + 256], g));
+                let (sc0, sc1) = (lanes_i8(&blk.scales[2 * j]), lanes_i8(&blk.scales[2 * j + 1]));
+                let _ = unroll!($n, |t| {
+                    let x: &BlockQ8Act = &xs[t].blocks()[8 * s + j];
+                    let (h0, h1) = act_halves(x);
+                    let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
+                    let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
+                    let a = _mm256_sub_epi32(a, _mm256_set1_epi32(32 * h0));
+                    let b = _mm256_sub_epi32(b, _mm256_set1_epi32(32 * h1));
+                    let isum = _mm256_add_epi32(_mm256_mullo_epi32(sc0, a), _mm256_mullo_epi32(sc1, b));
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                    acc[t][j] = _mm256_add_ps(acc[t][j], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+                });
+            });
+        }
+        unroll!($n, |t| combine_rows(acc[t]))
+    }};
+}
+#[allow(unused_imports)] // used by the AVX-512 VNNI build
+pub(crate) use q6k_rows8_n;
+
+isa_features!(
+    /// Eight unsigned bytes (one per row) as i32 lanes.
+    #[inline]
+    pub(crate) fn lanes_u8(v: &[u8; 8]) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*v)))
+    }
+
+    /// Eight signed bytes (one per row) as i32 lanes.
+    #[inline]
+    pub(crate) fn lanes_i8(v: &[i8; 8]) -> __m256i {
+        _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(v.map(|b| b as u8))))
+    }
+
+    /// Lane k += (d_k·d_x)·S_k − (dmin_k·d_x)·M_k with S = sc·isum and M =
+    /// m·Σq_x (exact i32), each product rounded, no FMA (`portable::k_min_term`).
+    #[inline]
+    pub(crate) fn k_min_rows(
+        acc: __m256,
+        isum: __m256i,
+        sc: __m256i,
+        mn: __m256i,
+        x: &BlockQ8Act,
+        d: __m256,
+        dmin: __m256,
+    ) -> __m256 {
+        let dx = _mm256_set1_ps(x.d);
+        let s = _mm256_mullo_epi32(sc, isum);
+        let m = _mm256_mullo_epi32(mn, _mm256_set1_epi32(x.sum));
+        let a = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(s));
+        let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m));
+        _mm256_add_ps(acc, _mm256_sub_ps(a, b))
+    }
+
+    /// The sums of an activation block's quants 0..16 and 16..32 (exact):
+    /// `vpsadbw` of the quants + 128 (as unsigned bytes) against zero gives
+    /// four sums of eight, 16·128 is taken off each half.
+    #[inline]
+    pub(crate) fn act_halves(x: &BlockQ8Act) -> (i32, i32) {
+        let v = _mm256_xor_si256(ld32(&x.qs), _mm256_set1_epi8(-128));
+        let s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+        let (lo, hi) = (_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let half = |h: __m128i| _mm_cvtsi128_si32(h) + _mm_extract_epi32::<2>(h) - 16 * 128;
+        (half(lo), half(hi))
+    }
+
+    /// Four groups' u8 × i8 products per lane, exact (module doc): pairs
+    /// of `vpmaddubsw` added in i16, then `vpmaddwd` by ones.
+    #[inline]
+    fn dot16(u: [__m256i; 4], x: [__m256i; 4]) -> __m256i {
+        let p = |g: usize| _mm256_maddubs_epi16(u[g], x[g]);
+        let ones = _mm256_set1_epi16(1);
+        let a = _mm256_madd_epi16(_mm256_add_epi16(p(0), p(1)), ones);
+        let b = _mm256_madd_epi16(_mm256_add_epi16(p(2), p(3)), ones);
+        _mm256_add_epi32(a, b)
+    }
+
+    /// Eight interleaved Q4_K rows · one activation row: row k's result is
+    /// `dot_q4k` of row k, bit for bit.
+    #[inline]
+    pub(crate) fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+        q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+    }
+
+    /// Eight interleaved Q4_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+        q4k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+    }
+
+    /// Eight interleaved Q6_K rows · one activation row: row k's result is
+    /// `dot_q6k` of row k, bit for bit.
+    #[inline]
+    pub(crate) fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+    }
+
+    /// Eight interleaved Q6_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x4(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+    }
+);
