@@ -136,26 +136,24 @@ pub fn q6k_code(b: &BlockQ6K, e: usize) -> u8 {
 /// gguf-py's dequantisers: (d·sc)·q − dmin·m, one rounding each).
 pub fn dequant_q4k(blocks: &[BlockQ4K], out: &mut [f32]) {
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let (sc, mn) = scales_mins_k4(&b.scales);
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
-            let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
-            for (l, v) in o.iter_mut().enumerate() {
-                *v = dl * q4k_code(b, j, l) as f32 - ml;
-            }
-        }
+        dequant_kmin(b.d, b.dmin, &b.scales, |j, l| q4k_code(b, j, l), o);
     }
 }
 /// Dequantises one row of Q5_K blocks (as `dequant_q4k`).
 pub fn dequant_q5k(blocks: &[BlockQ5K], out: &mut [f32]) {
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let (sc, mn) = scales_mins_k4(&b.scales);
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
-            let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
-            for (l, v) in o.iter_mut().enumerate() {
-                *v = dl * q5k_code(b, j, l) as f32 - ml;
-            }
+        dequant_kmin(b.d, b.dmin, &b.scales, |j, l| q5k_code(b, j, l), o);
+    }
+}
+/// One Q4_K / Q5_K super-block: (d·sc[j])·code(j, l) − dmin·m[j].
+#[inline(always)]
+fn dequant_kmin(d: f16, dmin: f16, scales: &[u8; 12], code: impl Fn(usize, usize) -> u8, out: &mut [f32]) {
+    let (sc, mn) = scales_mins_k4(scales);
+    let (d, dmin) = (d.to_f32(), dmin.to_f32());
+    for (j, o) in out.chunks_exact_mut(QK).enumerate() {
+        let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
+        for (l, v) in o.iter_mut().enumerate() {
+            *v = dl * code(j, l) as f32 - ml;
         }
     }
 }

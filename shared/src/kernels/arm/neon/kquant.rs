@@ -319,12 +319,18 @@ fn scale_q4k_q5k(
     }
 }
 
-/// Q4_K weights · Q8 activations, bit-identical to `Portable::dot_q4k`.
+/// Q4_K or Q5_K (`q5`) weights · Q8 activations: the exact sub-block sums
+/// in asm, then `scale_q4k_q5k`; `head(b)` is a block's d, dmin and scales.
 ///
 /// # Safety
 /// The CPU must have NEON (the armv7 build's start-up guard ensures it).
-#[inline]
-pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+#[inline(always)]
+unsafe fn dot_kmin<B: bytemuck::Pod>(
+    w: &[B],
+    x: ActRef,
+    q5: bool,
+    head: impl Fn(&B) -> (half::f16, half::f16, [u8; 12]),
+) -> f32 {
     debug_assert_eq!(w.len() * 8, x.len());
     let xb = x.blocks();
     assert!(xb.len() >= 8 * w.len());
@@ -333,10 +339,20 @@ pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
     for s0 in (0..w.len()).step_by(CHUNK) {
         let m = CHUNK.min(w.len() - s0);
         // SAFETY: NEON is this function's contract.
-        unsafe { isums_q4k_q5k(false, bytemuck::cast_slice(&w[s0..]), &xb[8 * s0..], &mut sums[..8 * m]) };
-        scale_q4k_q5k(&mut acc, &sums[..8 * m], xb, s0, |s| (w[s].d, w[s].dmin, w[s].scales));
+        unsafe { isums_q4k_q5k(q5, bytemuck::cast_slice(&w[s0..]), &xb[8 * s0..], &mut sums[..8 * m]) };
+        scale_q4k_q5k(&mut acc, &sums[..8 * m], xb, s0, |s| head(&w[s]));
     }
     combine8(acc)
+}
+
+/// Q4_K weights · Q8 activations, bit-identical to `Portable::dot_q4k`.
+///
+/// # Safety
+/// The CPU must have NEON (the armv7 build's start-up guard ensures it).
+#[inline]
+pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_kmin(w, x, false, |b| (b.d, b.dmin, b.scales)) }
 }
 
 /// Q5_K weights · Q8 activations, bit-identical to `Portable::dot_q5k`.
@@ -345,18 +361,8 @@ pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
 /// The CPU must have NEON (the armv7 build's start-up guard ensures it).
 #[inline]
 pub(crate) unsafe fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-    debug_assert_eq!(w.len() * 8, x.len());
-    let xb = x.blocks();
-    assert!(xb.len() >= 8 * w.len());
-    let mut acc = [0.0f32; 8];
-    let mut sums = [0i32; 8 * CHUNK];
-    for s0 in (0..w.len()).step_by(CHUNK) {
-        let m = CHUNK.min(w.len() - s0);
-        // SAFETY: NEON is this function's contract.
-        unsafe { isums_q4k_q5k(true, bytemuck::cast_slice(&w[s0..]), &xb[8 * s0..], &mut sums[..8 * m]) };
-        scale_q4k_q5k(&mut acc, &sums[..8 * m], xb, s0, |s| (w[s].d, w[s].dmin, w[s].scales));
-    }
-    combine8(acc)
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_kmin(w, x, true, |b| (b.d, b.dmin, b.scales)) }
 }
 
 /// Q6_K weights · Q8 activations, bit-identical to `Portable::dot_q6k`.
