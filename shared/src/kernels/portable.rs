@@ -136,36 +136,14 @@ impl Kernels for Portable {
         acc.map(combine8)
     }
 
-    /// Q4_K weights · Q8 activations. Activation block i = 8·s + j is
-    /// sub-block j of super-block s; its integer parts are exact,
-    /// S = sc[j]·Σ q·q_x and M = m[j]·Σ q_x (the block's `sum`), and it adds
-    /// (d·d_x)·S − (dmin·d_x)·M (each product rounded, no FMA) into partial
-    /// sum j = i mod 8, as every quantised dot does; then `combine8`.
+    /// Q4_K weights · Q8 activations (`dot_kmin`).
     fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-        debug_assert_eq!(w.len() * 8, x.len());
-        let mut acc = [0.0f32; 8];
-        for (s, bw) in w.iter().enumerate() {
-            let (sc, mn) = scales_mins_k4(&bw.scales);
-            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
-                let isum: i32 = (0..QK).map(|l| q4k_code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
-                acc[j] += k_min_term(bw.d.to_f32(), bw.dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
-            }
-        }
-        combine8(acc)
+        dot_kmin(w, x, |b| (b.d, b.dmin, &b.scales), q4k_code)
     }
 
-    /// Q5_K weights · Q8 activations, in `dot_q4k`'s order.
+    /// Q5_K weights · Q8 activations (`dot_kmin`).
     fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-        debug_assert_eq!(w.len() * 8, x.len());
-        let mut acc = [0.0f32; 8];
-        for (s, bw) in w.iter().enumerate() {
-            let (sc, mn) = scales_mins_k4(&bw.scales);
-            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
-                let isum: i32 = (0..QK).map(|l| q5k_code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
-                acc[j] += k_min_term(bw.d.to_f32(), bw.dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
-            }
-        }
-        combine8(acc)
+        dot_kmin(w, x, |b| (b.d, b.dmin, &b.scales), q5k_code)
     }
 
     /// Q6_K weights · Q8 activations. Activation block i = 8·s + j covers
@@ -300,6 +278,33 @@ impl Kernels for Portable {
     fn exp(x: &mut [f32]) {
         x.iter_mut().for_each(|v| *v = v.exp());
     }
+}
+
+/// Q4_K or Q5_K weights · Q8 activations (`head`: a super-block's d, dmin
+/// and packed scales; `code(b, j, l)`: the code of weight l of sub-block j).
+/// Activation block i = 8·s + j is sub-block j of super-block s; its
+/// integer parts are exact, S = sc[j]·Σ q·q_x and M = m[j]·Σ q_x (the
+/// block's `sum`), and it adds (d·d_x)·S − (dmin·d_x)·M (each product
+/// rounded, no FMA) into partial sum j = i mod 8, as every quantised dot
+/// does; then `combine8`.
+#[inline(always)]
+fn dot_kmin<B>(
+    w: &[B],
+    x: ActRef,
+    head: impl Fn(&B) -> (f16, f16, &[u8; 12]),
+    code: impl Fn(&B, usize, usize) -> u8,
+) -> f32 {
+    debug_assert_eq!(w.len() * 8, x.len());
+    let mut acc = [0.0f32; 8];
+    for (s, bw) in w.iter().enumerate() {
+        let (d, dmin, scales) = head(bw);
+        let (sc, mn) = scales_mins_k4(scales);
+        for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+            let isum: i32 = (0..QK).map(|l| code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
+            acc[j] += k_min_term(d.to_f32(), dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
+        }
+    }
+    combine8(acc)
 }
 
 /// One Q4_K / Q5_K sub-block's share: (d·d_x)·S − (dmin·d_x)·M with

@@ -186,7 +186,7 @@ isa_features!(
 
     /// `v[i..i + r]` (f32 or i32, r ≤ 8) as lanes 0..r of a vector, zeros above.
     #[inline]
-    fn ld8<T: Copy>(v: &[T], i: usize, r: usize) -> __m256i {
+    pub(crate) fn ld8<T: Copy>(v: &[T], i: usize, r: usize) -> __m256i {
         assert_eq!(core::mem::size_of::<T>(), 4);
         if r == 8 {
             let c: &[T; 8] = v[i..i + 8].try_into().unwrap();

@@ -48,7 +48,8 @@
 
 use core::arch::x86_64::*;
 
-use super::int8::ld32;
+use super::int8::{ld32, ld8};
+use super::ld;
 use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8Act};
 
 /// Q4_K / Q5_K weights · Q8 activations for N activation rows (module doc):
@@ -163,9 +164,7 @@ isa_features!(
     #[inline]
     pub(crate) fn act8(x: ActRef, xb: &[BlockQ8Act; 8], b: usize, side: bool) -> (__m256, __m256i) {
         if side {
-            let s: &[i32; 8] = x.sum[b..b + 8].try_into().unwrap();
-            // SAFETY: `s` points to 8 readable i32; loadu needs no alignment.
-            (act_d8(x, xb, b, side), unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) })
+            (act_d8(x, xb, b, side), ld8(x.sum, b, 8))
         } else {
             let s = |j: usize| xb[j].sum;
             (act_d8(x, xb, b, side), _mm256_setr_epi32(s(0), s(1), s(2), s(3), s(4), s(5), s(6), s(7)))
@@ -176,9 +175,7 @@ isa_features!(
     #[inline]
     pub(crate) fn act_d8(x: ActRef, xb: &[BlockQ8Act; 8], b: usize, side: bool) -> __m256 {
         if side {
-            let d: &[f32; 8] = x.d[b..b + 8].try_into().unwrap();
-            // SAFETY: `d` points to 8 readable f32; loadu needs no alignment.
-            unsafe { _mm256_loadu_ps(d.as_ptr()) }
+            ld(&x.d[b..b + 8])
         } else {
             let d = |j: usize| xb[j].d;
             _mm256_setr_ps(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7))
