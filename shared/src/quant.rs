@@ -257,19 +257,45 @@ pub struct BlockQ4Kx8 {
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 32 + 128 + 1024);
 
 /// Super-block s of eight consecutive Q6_K rows, interleaved for the
-/// eight-row K-quant kernels (`Kernels::dot_q6k_r8`): `d[k]` is row k's,
-/// `scales[i][k]` row k's scale of group i (16 weights); `qs[256·j + 32·g +
-/// 4·k + e]` is row k's 6-bit code (`q6k_code`, 0..64, unpacked to a byte)
-/// of weight 32·j + 4·g + e, so one 32-byte load (j, g) holds, in 32-bit
-/// lane k, row k's codes 4g..4g + 4 of sub-block j. 2192 bytes for 8 × 210.
+/// eight-row K-quant kernels (`Kernels::dot_q6k_r8`) at the file's density
+/// (210 bytes a row): `d[k]` is row k's, `scales[i][k]` row k's scale of
+/// group i (16 weights); `qs` holds four 384-byte parts, part c the codes of
+/// sub-blocks 2c and 2c + 1, read in order. Row k's 6-bit code
+/// (`q6k_code`) of weight e = 32·j + 4·g + l (sub-block j = 2c + p) is split
+/// as in `BlockQ4Kx8`: its low four bits are nibble p of `qs[384·c + 32·g +
+/// 4·k + l]`, so one 32-byte load (c, g) holds row k's low bits of
+/// sub-blocks 2c and 2c + 1 in lane k; its high two bits are field g % 4
+/// (bits 2·(g % 4)..) of `qs[384·c + 256 + 32·(2p + g / 4) + 4·k + l]`, so
+/// one 32-byte load holds the high bits of four such loads. `code` reads
+/// one back. 1680 bytes for 8 × 210.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ6Kx8 {
     pub d: [f16; ROWS8],
     pub scales: [[i8; ROWS8]; 16],
-    pub qs: [u8; ROWS8 * QK_K],
+    pub qs: [u8; ROWS8 * QK_K * 3 / 4],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 16 + 128 + 2048);
+const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 16 + 128 + 1536);
+const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 8 * std::mem::size_of::<BlockQ6K>());
+
+impl BlockQ6Kx8 {
+    /// Byte positions in `qs` of row k's weight e's low and high bits and
+    /// the high field's shift (the layout above).
+    #[inline(always)]
+    fn code_at(k: usize, e: usize) -> (usize, usize, u32) {
+        let (j, g, l) = (e / 32, (e % 32) / 4, e % 4);
+        let (c, p) = (j / 2, j % 2);
+        (384 * c + 32 * g + 4 * k + l, 384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k + l, 2 * (g % 4) as u32)
+    }
+
+    /// Row k's 6-bit code of weight e (0..64), as `q6k_code` of the row's block.
+    #[inline(always)]
+    pub fn code(&self, k: usize, e: usize) -> u8 {
+        let (lo, hi, shift) = Self::code_at(k, e);
+        let p = (e / 32) % 2;
+        ((self.qs[lo] >> (4 * p)) & 15) | (((self.qs[hi] >> shift) & 3) << 4)
+    }
+}
 
 /// The eight-row layout of a Q4_K matrix with `nb` super-blocks per row
 /// (whole groups only; the last rows % 8 rows stay in `w`).
@@ -300,14 +326,16 @@ pub fn repack_q4k_x8(w: &[BlockQ4K], nb: usize, what: &str) -> Result<Vec<BlockQ
 /// The eight-row layout of a Q6_K matrix (as `repack_q4k_x8`).
 pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ6Kx8>, String> {
     repack_x8(w, nb, what, |rows| {
-        let mut x = BlockQ6Kx8 { d: rows.map(|r| r.d), scales: [[0; ROWS8]; 16], qs: [0; ROWS8 * QK_K] };
+        let mut x = BlockQ6Kx8 { d: rows.map(|r| r.d), scales: [[0; ROWS8]; 16], qs: [0; ROWS8 * QK_K * 3 / 4] };
         for (k, r) in rows.iter().enumerate() {
             for i in 0..16 {
                 x.scales[i][k] = r.scales[i];
             }
             for e in 0..QK_K {
-                let (j, g, l) = (e / 32, (e % 32) / 4, e % 4);
-                x.qs[256 * j + 32 * g + 4 * k + l] = q6k_code(r, e);
+                let (lo, hi, shift) = BlockQ6Kx8::code_at(k, e);
+                let q = q6k_code(r, e);
+                x.qs[lo] |= (q & 15) << (4 * ((e / 32) % 2));
+                x.qs[hi] |= (q >> 4) << shift;
             }
         }
         x

@@ -205,7 +205,7 @@ impl Kernels for Portable {
                         let part: i32 = (0..16)
                             .map(|l| {
                                 let e = 16 * g + l;
-                                let q = bw.qs[256 * j + 32 * (e / 4) + 4 * k + e % 4];
+                                let q = bw.code(k, 32 * j + e);
                                 (q as i32 - 32) * bx.qs[e] as i32
                             })
                             .sum();

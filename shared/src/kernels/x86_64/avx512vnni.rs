@@ -190,6 +190,35 @@ isa_features!(
         s
     }
 
+    /// The 6-bit codes of sub-blocks 2c and 2c + 1 of an interleaved Q6_K
+    /// super-block (as avx2/kquant_rows8.rs's `q6k_codes_r8`, same bytes):
+    /// each `qh` load masked by 0x33 once keeps fields 0 and 2 at bits 0..1
+    /// and 4..5, shifted right by 2 first fields 1 and 3, with zeros in bits
+    /// 2..3 and 6..7; fields 0 and 1 move to bits 4..5 by a 16-bit left
+    /// shift of 4 (what crosses into the next byte lands in its bits 0..1).
+    /// One `vpternlogd` then takes bits 0..3 from the nibble source and
+    /// bits 4..7 from the high-bit source.
+    #[inline]
+    fn q6k_codes_r8(ql: &[u8], qh: &[u8]) -> [[__m256i; 8]; 2] {
+        let (m4, m33) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x33));
+        let h = unroll!(4, |i| {
+            let x = ld_rows(qh, i);
+            [_mm256_and_si256(x, m33), _mm256_and_si256(_mm256_srli_epi16::<2>(x), m33)]
+        });
+        let high = |i: usize, f: usize| match f {
+            0 => _mm256_slli_epi16::<4>(h[i][0]),
+            1 => _mm256_slli_epi16::<4>(h[i][1]),
+            2 => h[i][0],
+            _ => h[i][1],
+        };
+        // m4 ? nibbles : high bits, bitwise (imm 0xE4: c ? a : b).
+        let select = |nib: __m256i, hb: __m256i| _mm256_ternarylogic_epi32::<0xE4>(nib, hb, m4);
+        let v = unroll!(8, |g| ld_rows(ql, g));
+        let lo = unroll!(8, |g| select(v[g], high(g / 4, g % 4)));
+        let hi = unroll!(8, |g| select(_mm256_srli_epi16::<4>(v[g]), high(2 + g / 4, g % 4)));
+        [lo, hi]
+    }
+
     /// Eight interleaved Q4_K rows · one activation row: row k's result is
     /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
     #[inline]
@@ -206,12 +235,12 @@ isa_features!(
     /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).
     #[inline]
     pub(crate) fn dot_q6k_r8(w: &[BlockQ6Kx8], x: ActRef) -> [f32; 8] {
-        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))[0]
     }
 
     /// Eight interleaved Q6_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q6k_r8_x4(w: &[BlockQ6Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
     }
 );

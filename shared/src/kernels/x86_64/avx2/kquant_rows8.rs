@@ -38,7 +38,7 @@
 
 use core::arch::x86_64::*;
 
-use super::int8::ld32;
+use super::int8::{ld32, ld_rows};
 use crate::quant::BlockQ8Act;
 
 /// Q4_K eight interleaved rows · N activation rows (module doc).
@@ -62,6 +62,7 @@ macro_rules! q4k_rows8_n {
         let m4 = _mm256_set1_epi8(0x0f);
         let mut acc = [[_mm256_setzero_ps(); 8]; $n];
         for (s, blk) in w.iter().enumerate() {
+            $crate::kernels::x86_64::avx2::kquant_rows8::prefetch_ahead(blk);
             let (d, dmin) = (scales_f16(&blk.d), scales_f16(&blk.dmin));
             let _ = unroll!(4, |c| {
                 let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
@@ -90,16 +91,19 @@ macro_rules! q4k_rows8_n {
 pub(crate) use q4k_rows8_n;
 
 /// Q6_K eight interleaved rows · N activation rows (module doc), `$dot16`
-/// as for `q4k_rows8_n!`.
+/// as for `q4k_rows8_n!`; `$codes6(ql, qh)` unpacks the codes of sub-blocks
+/// 2c and 2c + 1 from their 256 low-bit and 128 high-bit bytes
+/// (`quant::BlockQ6Kx8`) into bytes 0..63, eight 32-byte groups each.
 macro_rules! q6k_rows8_n {
-    ($n:tt, $w:expr, $xs:expr, $dot16:expr $(,)?) => {{
+    ($n:tt, $w:expr, $xs:expr, $dot16:expr, $codes6:expr $(,)?) => {{
         use core::arch::x86_64::*;
-        use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, ld_rows, scales_f16};
+        use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, scales_f16};
         use $crate::kernels::x86_64::avx2::kquant_rows8::{act_halves, lanes_i8};
         use $crate::quant::{ActRef, BlockQ6Kx8, BlockQ8Act};
         let w: &[BlockQ6Kx8] = $w;
         let xs: [ActRef; $n] = $xs;
         let dot16 = $dot16;
+        let codes6 = $codes6;
         let mut same_len = true;
         for x in &xs {
             same_len &= x.len() == 8 * w.len();
@@ -107,20 +111,25 @@ macro_rules! q6k_rows8_n {
         assert!(same_len, "eight-row Q6_K dot: {} super-blocks per row, activations differ", w.len());
         let mut acc = [[_mm256_setzero_ps(); 8]; $n];
         for (s, blk) in w.iter().enumerate() {
+            $crate::kernels::x86_64::avx2::kquant_rows8::prefetch_ahead(blk);
             let d = scales_f16(&blk.d);
-            let _ = unroll!(8, |j| {
-                let q = unroll!(8, |g| ld_rows(&blk.qs[256 * j..256 * j + 256], g));
-                let (sc0, sc1) = (lanes_i8(&blk.scales[2 * j]), lanes_i8(&blk.scales[2 * j + 1]));
-                let _ = unroll!($n, |t| {
-                    let x: &BlockQ8Act = &xs[t].blocks()[8 * s + j];
-                    let (h0, h1) = act_halves(x);
-                    let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
-                    let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
-                    let a = _mm256_sub_epi32(a, _mm256_set1_epi32(32 * h0));
-                    let b = _mm256_sub_epi32(b, _mm256_set1_epi32(32 * h1));
-                    let isum = _mm256_add_epi32(_mm256_mullo_epi32(sc0, a), _mm256_mullo_epi32(sc1, b));
-                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
-                    acc[t][j] = _mm256_add_ps(acc[t][j], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+            let _ = unroll!(4, |c| {
+                let codes: [[__m256i; 8]; 2] =
+                    codes6(&blk.qs[384 * c..384 * c + 256], &blk.qs[384 * c + 256..384 * c + 384]);
+                let _ = unroll!(2, |p| {
+                    let (j, q) = (2 * c + p, &codes[p]);
+                    let (sc0, sc1) = (lanes_i8(&blk.scales[2 * j]), lanes_i8(&blk.scales[2 * j + 1]));
+                    let _ = unroll!($n, |t| {
+                        let x: &BlockQ8Act = &xs[t].blocks()[8 * s + j];
+                        let (h0, h1) = act_halves(x);
+                        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
+                        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
+                        let a = _mm256_sub_epi32(a, _mm256_set1_epi32(32 * h0));
+                        let b = _mm256_sub_epi32(b, _mm256_set1_epi32(32 * h1));
+                        let isum = _mm256_add_epi32(_mm256_mullo_epi32(sc0, a), _mm256_mullo_epi32(sc1, b));
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                        acc[t][j] = _mm256_add_ps(acc[t][j], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+                    });
                 });
             });
         }
@@ -130,7 +139,26 @@ macro_rules! q6k_rows8_n {
 #[allow(unused_imports)] // used by the AVX-512 VNNI build
 pub(crate) use q6k_rows8_n;
 
+/// How far ahead of the super-block being read `prefetch_ahead` asks for
+/// cache lines, in bytes, into L2 (`_MM_HINT_T1`). Chosen on the 1.5B
+/// Q4_K_M file's decode (docs/PERFORMANCE.md): 6–12 KiB into L2 gained
+/// ~10 % over none at one thread; into L1 (`T0`) lost 25 %.
+pub(crate) const PREFETCH_AHEAD: usize = 12288;
+
 isa_features!(
+    /// Asks for the cache lines `PREFETCH_AHEAD` bytes past `blk`'s (an
+    /// interleaved super-block; the matrix is read in address order), so
+    /// that more of them are in flight than the hardware prefetcher keeps.
+    #[inline]
+    pub(crate) fn prefetch_ahead<B>(blk: &B) {
+        let p = (blk as *const B as *const i8).wrapping_add(PREFETCH_AHEAD);
+        for line in 0..std::mem::size_of::<B>().div_ceil(64) {
+            // A prefetch never faults and reads nothing back, so an address
+            // past the matrix's end is harmless.
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
+        }
+    }
+
     /// Eight unsigned bytes (one per row) as i32 lanes.
     #[inline]
     pub(crate) fn lanes_u8(v: &[u8; 8]) -> __m256i {
@@ -175,6 +203,33 @@ isa_features!(
         (half(lo), half(hi))
     }
 
+    /// The 6-bit codes of sub-blocks 2c and 2c + 1 of an interleaved Q6_K
+    /// super-block from the low-bit (256 bytes, `ql`) and high-bit (128, `qh`) bytes of its part c
+    /// (`quant::BlockQ6Kx8`): group g's low bits are nibble p of `ql` load
+    /// g, its high bits field g % 4 of `qh` load 2p + g / 4, moved to bits
+    /// 4..5 by a 16-bit shift and masked (bits that cross into the next
+    /// byte are masked off).
+    #[inline]
+    pub(crate) fn q6k_codes_r8(ql: &[u8], qh: &[u8]) -> [[__m256i; 8]; 2] {
+        let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+        let v = unroll!(8, |g| ld_rows(ql, g));
+        let h = unroll!(4, |i| ld_rows(qh, i));
+        let high = |x: __m256i, f: usize| {
+            let at4 = match f {
+                0 => _mm256_slli_epi16::<4>(x),
+                1 => _mm256_slli_epi16::<2>(x),
+                2 => x,
+                _ => _mm256_srli_epi16::<2>(x),
+            };
+            _mm256_and_si256(at4, m30)
+        };
+        let lo = unroll!(8, |g| _mm256_or_si256(_mm256_and_si256(v[g], m4), high(h[g / 4], g % 4)));
+        let hi = unroll!(8, |g| {
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), m4), high(h[2 + g / 4], g % 4))
+        });
+        [lo, hi]
+    }
+
     /// Four groups' u8 × i8 products per lane, exact (module doc): pairs
     /// of `vpmaddubsw` added in i16, then `vpmaddwd` by ones.
     #[inline]
@@ -203,12 +258,12 @@ isa_features!(
     /// `dot_q6k` of row k, bit for bit.
     #[inline]
     pub(crate) fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
-        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+        q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))[0]
     }
 
     /// Eight interleaved Q6_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q6k_r8_x4(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+        q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
     }
 );
