@@ -462,6 +462,11 @@ def _encode_k(x, ttype, rule):
     return out.tobytes()
 
 
+def roundtrip_k(x, ttype, rule=None):
+    """encode_k then decode."""
+    return decode(encode_k(x, ttype, rule), ttype, np.shape(x))
+
+
 def roundtrip(x, ttype, q4_rule="fit", col_weights=None):
     """Quantise then dequantise (what the runtime will see)."""
     return decode(encode(x, ttype, q4_rule, col_weights), ttype, np.shape(x))
