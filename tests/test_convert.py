@@ -566,6 +566,29 @@ def test_gguf_smollm2_matches_transformers(smollm2_gguf, tmp_path):
     assert rf.check_real(meta, W, FIXTURES / "real" / "smollm2-135m.json")[0] > 0.5
 
 
+def test_gguf_q4_k_m_keeps_and_requantizes(smollm2_gguf, tmp_path):
+    """From a GGUF file, --type q4_k_m keeps the Q8_0 token_embd and quantises
+    the Q4_1 matrices; --requantize re-encodes every tensor from its floats."""
+    import gguf
+    a, b = tmp_path / "a.mlb", tmp_path / "b.mlb"
+    run_tool("convert.py", smollm2_gguf, "-o", a, "--type", "q4_k_m")
+    run_tool("convert.py", smollm2_gguf, "-o", b, "--type", "q4_k_m", "--requantize")
+    ra, rb = mlb.MlbReader(a), mlb.MlbReader(b)
+    ta = {n: t for n, (t, _, _) in ra.tensors.items()}
+    # 30 layers: more bits for 0-2, 5, 8, ..., 26, 27; ffn_down has 1536 columns, the rest 576 (-> Q8_0)
+    assert ta["blk.0.ffn_down"] == mlb.Q6_K and ta["blk.3.ffn_down"] == mlb.Q4_K and ta["blk.5.ffn_down"] == mlb.Q6_K
+    assert ta["blk.3.ffn_up"] == mlb.Q8_0 and ta["blk.3.attn_v"] == mlb.Q8_0 and ta["token_embd"] == mlb.Q8_0
+    assert {n: t for n, (t, _, _) in rb.tensors.items()} == ta
+    assert np.array_equal(ra.raw("blk.3.ffn_down"), rb.raw("blk.3.ffn_down"))
+    # the source's Q8_0 embedding: copied as it is, or requantised from its values (Q8_0 again, near)
+    src = {t.name: t for t in gguf.GGUFReader(smollm2_gguf).tensors}["token_embd.weight"]
+    assert bytes(ra.raw("token_embd")) == bytes(np.asarray(src.data).reshape(-1).view(np.uint8))
+    e = ra.get("token_embd")
+    np.testing.assert_allclose(rb.get("token_embd"), e, atol=0.02 * np.abs(e).max())
+    p = run_tool("convert.py", smollm2_gguf, "-o", tmp_path / "c.mlb", "--type", "auto", "--requantize", check=False)
+    _assert_clean_failure(p, tmp_path / "c.mlb")
+
+
 def test_permutation_inverse():
     w = np.arange(6 * 16 * 4, dtype=np.float32).reshape(6 * 16, 4)
     np.testing.assert_array_equal(unpermute_interleaved(permute_to_interleaved(w, 6), 6), w)
