@@ -3,6 +3,7 @@
 
     python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,q4_k_m,auto,f32,f16}
                              [--q4-scale {fit,max}] [--k-rule {search,minmax}] [--scale-type {f16,f32}]
+                             [--imatrix FILE.npz] [--requantize]
 
 SRC is one of
   * a Hugging Face directory (config.json + *.safetensors, sharded or not),
@@ -11,14 +12,16 @@ SRC is one of
 
 Weights are loaded as float32 ([out, in]) and re-encoded; see docs/QUANT.md
 for the quantisation choices. From a GGUF file, tensors of the types Krafla
-reads as they are (F32, F16, Q8_0, Q4_0) keep their bytes and llama.cpp's
-layout conventions are kept (source_gguf.py); `--type auto` converts the
-other types by their width.  `--type q4_k_m` makes llama.cpp's Q4_K_M mix
-of Q4_K and Q6_K (rows not a multiple of 256: Q8_0) from the float weights;
-from a GGUF file it keeps the tensors already in a quantised type Krafla
-reads (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and quantises the rest.  Errors the user can fix (unsupported architecture,
-missing tensor, bad file) print one line and exit with status 2, leaving no
-output or temp file behind.
+reads as they are (F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) keep their bytes
+and llama.cpp's layout conventions are kept (source_gguf.py); `--type auto`
+converts the other types by their width.  `--type q4_k_m` makes llama.cpp's
+Q4_K_M mix of Q4_K and Q6_K (rows not a multiple of 256: Q8_0) from the
+float weights; from a GGUF file it keeps the tensors already in a quantised
+type Krafla reads (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and quantises the rest
+(F32/F16/BF16 included).  `--requantize` keeps nothing: every tensor is
+quantised from its dequantised values.  Errors the user can fix
+(unsupported architecture, missing tensor, bad file) print one line and
+exit with status 2, leaving no output or temp file behind.
 """
 import argparse
 import os
