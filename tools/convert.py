@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Convert a model to Krafla's .mlb format (docs/FORMAT.md).
 
-    python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,auto,f32,f16}
-                             [--q4-scale {fit,max}] [--scale-type {f16,f32}]
+    python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,q4_k_m,auto,f32,f16}
+                             [--q4-scale {fit,max}] [--k-rule {search,minmax}] [--scale-type {f16,f32}]
+                             [--imatrix FILE.npz] [--requantize]
 
 SRC is one of
   * a Hugging Face directory (config.json + *.safetensors, sharded or not),
@@ -11,11 +12,16 @@ SRC is one of
 
 Weights are loaded as float32 ([out, in]) and re-encoded; see docs/QUANT.md
 for the quantisation choices. From a GGUF file, tensors of the types Krafla
-reads as they are (F32, F16, Q8_0, Q4_0) keep their bytes and llama.cpp's
-layout conventions are kept (source_gguf.py); `--type auto` converts the
-other types by their width.  Errors the user can fix (unsupported architecture,
-missing tensor, bad file) print one line and exit with status 2, leaving no
-output or temp file behind.
+reads as they are (F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) keep their bytes
+and llama.cpp's layout conventions are kept (source_gguf.py); `--type auto`
+converts the other types by their width.  `--type q4_k_m` makes llama.cpp's
+Q4_K_M mix of Q4_K and Q6_K (rows not a multiple of 256: Q8_0) from the
+float weights; from a GGUF file it keeps the tensors already in a quantised
+type Krafla reads (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and quantises the rest
+(F32/F16/BF16 included).  `--requantize` keeps nothing: every tensor is
+quantised from its dequantised values.  Errors the user can fix
+(unsupported architecture, missing tensor, bad file) print one line and
+exit with status 2, leaving no output or temp file behind.
 """
 import argparse
 import os
@@ -69,14 +75,52 @@ def kind_of(name):
     return re.sub(r"^blk\.\d+\.", "", name)
 
 
-def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None):
-    """-> mlb tensor type for one tensor; `source` is its GGUF type name, if any."""
+# --type q4_k_m: llama.cpp's Q4_K_M recipe (llama_tensor_get_type). Q4_K by
+# default; Q6_K for the LM head (`output`, or `token_embd` when it is tied)
+# and for attn_v / ffn_down in the "more bits" layers: the first and last
+# eighth of them and every third one between. Counted per kind (the i-th
+# attn_v of n), as llama.cpp counts them.
+K_QUANT_KEPT = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def use_more_bits(i, n):
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_types(names):
+    """Tensor names (in file order) -> {name: Q4_K or Q6_K} before the row-length
+    fallback (choose_type), for the 2-D weights llama.cpp's recipe names."""
+    out = {}
+    tied = "output" not in names
+    for kind in ("attn_v", "ffn_down"):
+        layers = sorted((int(re.match(r"blk\.(\d+)\.", n).group(1)), n)
+                        for n in names if n.startswith("blk.") and kind_of(n) == kind)
+        for i, (_, n) in enumerate(layers):
+            out[n] = mlb.Q6_K if use_more_bits(i, len(layers)) else mlb.Q4_K
+    for n in names:
+        if n == "output" or (n == "token_embd" and tied):
+            out[n] = mlb.Q6_K
+        out.setdefault(n, mlb.Q4_K)
+    return out
+
+
+def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None, k_type=None):
+    """-> mlb tensor type for one tensor; `source` is its GGUF type name, if any;
+    `k_type` its q4_k_m_types entry (--type q4_k_m)."""
     if len(shape) != 2 or kind_of(name).endswith(("norm", "bias")) or kind_of(name) == "ssm_conv":
         return mlb.F32
     if qtype == "f32":
         return mlb.F32
     if qtype == "f16":
         return mlb.F16
+    if qtype == "q4_k_m":
+        if source in K_QUANT_KEPT:
+            return GGUF_KEPT[source]
+        if shape[-1] % mlb.QK:
+            return mlb.F16
+        if shape[-1] % mlb.QK_K:  # llama.cpp falls back to Q5_0 / Q8_0; Krafla: Q8_0
+            return mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
+        return k_type if k_type is not None else mlb.Q4_K
     if source in GGUF_KEPT:
         return GGUF_KEPT[source]
     if source == "BF16":
@@ -108,16 +152,23 @@ def load_imatrix(path):
         raise ConvertError(f"{path}: cannot read importance matrix ({e})") from e
 
 
-def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None):
+def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None,
+            k_rule=None, requantize=False):
     imat = load_imatrix(imatrix) if imatrix else {}
     meta, tensors = load_source(src)
     gguf_source = any(len(t) > 2 for t in tensors.values())
+    if qtype == "auto" and requantize:
+        raise ConvertError("--type auto chooses by the GGUF tensor types: it cannot --requantize them")
     if qtype == "auto" and not gguf_source:
         raise ConvertError("--type auto chooses by the GGUF tensor types: it needs a .gguf source")
     meta = {k: v for k, v in meta.items() if not k.startswith("_")}
     meta["convert_type"] = qtype
     if qtype in ("q4_0", "q4_mixed", "auto"):
         meta["convert_q4_scale"] = q4_scale + ("+imatrix" if imat and q4_scale == "fit" else "")
+    k_rule = k_rule or mlb.K_RULE
+    if qtype == "q4_k_m":
+        meta["convert_k_rule"] = k_rule
+    k_types = q4_k_m_types(list(tensors)) if qtype == "q4_k_m" else {}
     for name, (shape, *_) in tensors.items():
         if len(shape) == 0 or len(shape) > 4:
             raise ConvertError(f"{name}: unsupported rank {len(shape)}")
@@ -125,8 +176,8 @@ def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.st
     plan = []
     n = len(tensors)
     for name, (shape, loader, *source) in tensors.items():
-        source_type, raw = source if source else (None, None)
-        tt = choose_type(name, shape, qtype, scale_type, source=source_type)
+        source_type, raw = source if source and not requantize else (None, None)
+        tt = choose_type(name, shape, qtype, scale_type, source=source_type, k_type=k_types.get(name))
         kept = source_type in GGUF_KEPT and GGUF_KEPT[source_type] == tt
 
         cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and q4_scale == "fit" and not kept else None
@@ -139,6 +190,8 @@ def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.st
             a = loader()
             if tuple(a.shape) != tuple(shape):
                 raise ConvertError(f"{name}: loaded shape {a.shape} != {shape}")
+            if tt in mlb.K_BLOCK_BYTES:
+                return mlb.encode_k(a, tt, k_rule)
             return mlb.encode(a, tt, q4_scale, cw)
         plan.append((name, tt, list(shape), producer))
 
@@ -180,15 +233,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src")
     ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_mixed", "auto", "f32", "f16"],
-                    help="auto (GGUF sources): 5-bit and wider types to Q8_0, 4-bit and narrower to Q4_0")
+    ap.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_mixed", "q4_k_m", "auto", "f32", "f16"],
+                    help="auto (GGUF sources): 5-bit and wider types to Q8_0, 4-bit and narrower to Q4_0; "
+                    "q4_k_m: llama.cpp's Q4_K_M mix of Q4_K and Q6_K")
     ap.add_argument("--q4-scale", default="fit", choices=["fit", "max"])
+    ap.add_argument("--k-rule", default=mlb.K_RULE, choices=list(mlb.K_RULES),
+                    help="how --type q4_k_m picks the K-quant sub-block scales (docs/QUANT.md)")
     ap.add_argument("--scale-type", default="f16", choices=["f16", "f32"])
     ap.add_argument("--imatrix", help="importance matrix (.npz from tools/q4_experiment.py imatrix) "
                     "weighting the Q4 fit per input column")
+    ap.add_argument("--requantize", action="store_true",
+                    help="GGUF sources: keep no tensor as it is; quantise each from its dequantised floats")
     a = ap.parse_args(argv)
     try:
-        convert(a.src, a.output, a.type, a.q4_scale, a.scale_type, imatrix=a.imatrix)
+        convert(a.src, a.output, a.type, a.q4_scale, a.scale_type, imatrix=a.imatrix, k_rule=a.k_rule,
+                requantize=a.requantize)
     except (ConvertError, mlb.MlbError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

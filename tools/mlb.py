@@ -12,6 +12,8 @@ Quantisation (blocks of 32 along the last dim):
               plus the max rule itself), each with the scale rounded as
               stored; picks the lowest (optionally importance-weighted)
               squared error.  Never worse than "max" in that error.
+K-quants (super-blocks of 256, llama.cpp's layouts): encode_k, see the
+comment above it and docs/QUANT.md.
 """
 import os
 import struct
@@ -28,8 +30,8 @@ TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0",
 QK = 32
 # bytes per block of 32 elements for the quantised types
 BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q8_0_F32: 36, Q4_0_F32: 20}
-# K-quants (llama.cpp's layouts, copied from GGUF, never made here):
-# bytes per super-block of 256 elements
+# K-quants (llama.cpp's layouts; copied from GGUF files, or made from floats
+# by encode_k below): bytes per super-block of 256 elements
 QK_K = 256
 K_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
 
@@ -182,7 +184,9 @@ def encode(x, ttype, q4_rule="fit", col_weights=None):
     col_weights: optional per-column (last dim) importance for the Q4 "fit" search."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if ttype in K_BLOCK_BYTES:
-        raise MlbError(f"{TYPE_NAMES[ttype]} tensors are only copied from GGUF files, not made from floats")
+        if x.shape[-1] % QK_K:
+            raise MlbError(f"last dim {x.shape[-1]} is not a multiple of {QK_K}")
+        return encode_k(x, ttype)
     if ttype == F32:
         return x.astype("<f4").tobytes()
     if ttype == F16:
@@ -269,6 +273,202 @@ def _decode_k(blk, ttype):
             q[:, j, :] |= ((blk[:, 16:48] >> j) & 1).astype(np.int32) << 4
     dl, ml = d * sc, dmin * mn  # [nb, 8]
     return (dl[:, :, None] * q.astype(f32) - ml[:, :, None]).reshape(-1, QK_K)
+
+
+# --------------------------------------------------------------------------
+# K-quants from floats (Q4_K, Q5_K, Q6_K in llama.cpp's byte layouts)
+#
+# Q4_K / Q5_K: a super-block of 256 = 8 sub-blocks of 32, each x ~ s·q − m
+# (q in 0..15 / 0..31, m >= 0); the eight s and eight m are stored as 6-bit
+# integers times the super-block's f16 d and dmin (d = max s / 63, ...).
+# Q6_K: 16 sub-blocks of 16, x ~ s·(q − 32) (q in 0..63); the sixteen s are
+# int8 times the super-block's f16 d (the largest |s| becomes −128).
+# The per-sub-block (s, m) or s come from K_RULE (docs/QUANT.md):
+#   "minmax"  s = (max − min') / nmax, m = −min' with min' = min(min x, 0);
+#             Q6_K: s = x_a / −32 for the element x_a of largest magnitude.
+#   "search"  llama.cpp's kind of search: for a set of inverse scales around
+#             the min/max one, codes by rounding, then the least-squares
+#             (s, m) (or s) for those codes, weighted (Q4_K/Q5_K: w = rms(x)
+#             + |x|; Q6_K: w = x²); the lowest weighted squared error wins,
+#             the min/max candidate included.
+# After the 6-bit / 8-bit scale quantisation every code is recomputed by
+# rounding against the scales as stored (what the runtime will multiply).
+# All blocks of a tensor are processed at once (numpy, no per-block loop).
+
+K_RULES = ("search", "minmax")
+K_RULE = "search"
+# Offsets added to nmax in the search's inverse scale (nmax + o) / (max − min')
+# (Q6_K: −(32 + o) / x_a).  llama.cpp steps them by 0.1; steps of 0.2 halve the
+# time for +0.4 % squared weight error (docs/QUANT.md, "Speed").
+K_SEARCH_KMIN = {Q4_K: np.arange(-5, 6, dtype=np.float32) * np.float32(0.2),
+                 Q5_K: np.arange(-2, 6, dtype=np.float32) * np.float32(0.2)}
+K_SEARCH_Q6 = np.arange(-4, 5, dtype=np.float32) * np.float32(0.2)
+
+
+def _kmin_fit(x, nmax, rule, offsets):
+    """Sub-blocks x [n, 32] -> (s [n], m [n]) float32 with x ~ s·q − m, q in 0..nmax."""
+    f32 = np.float32
+    lo = np.minimum(x.min(axis=1), f32(0))
+    rng = x.max(axis=1) - lo
+    ok = rng > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv0 = np.where(ok, f32(nmax) / rng, f32(0)).astype(f32)
+    s = np.where(ok, rng / f32(nmax), f32(0)).astype(f32)
+    off = lo.astype(f32)  # x ~ s·q + off, off <= 0
+    if rule == "minmax":
+        return s, -off
+    if rule != "search":
+        raise ValueError(f"unknown K-quant rule {rule!r}")
+    w = np.sqrt((x * x).mean(axis=1, keepdims=True)) + np.abs(x)
+    wx = w * x
+    sw = np.einsum("ij->i", w).astype(np.float64)
+    sx = np.einsum("ij->i", wx).astype(np.float64)
+    sxx = np.einsum("ij,ij->i", wx, x).astype(np.float64)
+
+    def sums(inv, base):
+        q = x - base[:, None]
+        q *= inv[:, None]
+        np.rint(q, out=q)
+        np.clip(q, 0, nmax, out=q)
+        wq = w * q
+        return (np.einsum("ij->i", wq).astype(np.float64), np.einsum("ij,ij->i", wq, q).astype(np.float64),
+                np.einsum("ij,ij->i", wq, x).astype(np.float64))
+
+    def err(a, b, sq, sqq, sxq):  # weighted squared error of x ~ a·q + b, from the sums
+        return a * a * sqq + 2 * a * b * sq + b * b * sw - 2 * a * sxq - 2 * b * sx + sxx
+
+    best = err(s.astype(np.float64), off.astype(np.float64), *sums(inv0, lo))
+    best_s, best_off = s.astype(np.float64), off.astype(np.float64)
+    hi = lo + rng
+    for o in offsets:
+        # each candidate starts from the best offset so far (as llama.cpp's search does)
+        base = best_off.astype(f32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(ok, (f32(nmax) + o) / (hi - base), f32(0)).astype(f32)
+        sq, sqq, sxq = sums(inv, base)
+        det = sw * sqq - sq * sq
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = (sw * sxq - sx * sq) / det
+            b = (sqq * sx - sq * sxq) / det
+            pos = b > 0  # the offset must stay <= 0: refit the scale alone
+            a = np.where(pos, sxq / sqq, a)
+            b = np.where(pos, 0.0, b)
+        e = err(a, b, sq, sqq, sxq)
+        better = ok & (det > 0) & (e < best) & (a > 0)
+        best = np.where(better, e, best)
+        best_s = np.where(better, a, best_s)
+        best_off = np.where(better, b, best_off)
+    return best_s.astype(f32), (-best_off).astype(f32)
+
+
+def _q6_fit(x, rule, offsets):
+    """Sub-blocks x [n, 16] -> s [n] float32 with x ~ s·(q − 32), q − 32 in −32..31."""
+    f32 = np.float32
+    n = x.shape[0]
+    big = x[np.arange(n), np.abs(x).argmax(axis=1)]
+    ok = np.abs(big) > 0
+    s = np.where(ok, big / f32(-32), f32(0)).astype(f32)
+    if rule == "minmax":
+        return s
+    if rule != "search":
+        raise ValueError(f"unknown K-quant rule {rule!r}")
+    w = x * x
+    wx = w * x
+    best_score = np.full(n, -1.0)
+    best_s = s.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for o in np.concatenate([[f32(0)], offsets[offsets != 0]]):
+            inv = np.where(ok, -(f32(32) + o) / big, f32(0)).astype(f32)
+            q = x * inv[:, None]
+            np.rint(q, out=q)
+            np.clip(q, -32, 31, out=q)
+            sxq = np.einsum("ij,ij->i", wx, q).astype(np.float64)
+            sqq = np.einsum("ij,ij->i", w * q, q).astype(np.float64)
+            score = np.where(sqq > 0, sxq * sxq / sqq, -1.0)  # error reduction of the least-squares s
+            better = ok & (score > best_score)
+            best_score = np.where(better, score, best_score)
+            best_s = np.where(better, sxq / sqq, best_s)
+    return best_s.astype(f32)
+
+
+def _pack_scales_k4(sc, mn):
+    """[nb, 8] 6-bit scales and mins -> [nb, 12] (inverse of _scales_mins_k4)."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    out = np.empty((sc.shape[0], 12), np.uint8)
+    out[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 15) | ((mn[:, 4:8] & 15) << 4)
+    return out
+
+
+def encode_k(x, ttype, rule=None, chunk=1024):
+    """Float array (size a multiple of 256) -> raw bytes of Q4_K, Q5_K or Q6_K.
+    Works on `chunk` super-blocks at a time (all of them at once within a
+    chunk; the chunks only keep the temporaries in cache)."""
+    rule = K_RULE if rule is None else rule
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK_K)
+    return b"".join(_encode_k(x[i:i + chunk], ttype, rule) for i in range(0, x.shape[0], chunk))
+
+
+def _encode_k(x, ttype, rule):
+    f32 = np.float32
+    nb = x.shape[0]
+    out = np.zeros((nb, K_BLOCK_BYTES[ttype]), np.uint8)
+    if ttype == Q6_K:
+        s = _q6_fit(x.reshape(-1, 16), rule, K_SEARCH_Q6).reshape(nb, 16)
+        big = s[np.arange(nb), np.abs(s).argmax(axis=1)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(big != 0, f32(-128) / big, f32(0)).astype(f32)
+            d = np.where(big != 0, f32(1) / inv, f32(0)).astype("<f2")
+        sc = np.clip(np.rint(s * inv[:, None]), -128, 127).astype(np.int8)
+        dl = (d.astype(f32)[:, None] * sc.astype(f32))  # [nb, 16], as the runtime forms it
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(dl[:, :, None] != 0,
+                         np.clip(np.rint(x.reshape(nb, 16, 16) / dl[:, :, None]), -32, 31), 0)
+        q = (q + 32).astype(np.uint8).reshape(nb, 2, 4, 32)  # element 128·h + 32·r + l
+        ql = np.empty((nb, 2, 64), np.uint8)
+        ql[:, :, 0:32] = (q[:, :, 0] & 15) | ((q[:, :, 2] & 15) << 4)
+        ql[:, :, 32:64] = (q[:, :, 1] & 15) | ((q[:, :, 3] & 15) << 4)
+        qh = (q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)
+        out[:, 0:128] = ql.reshape(nb, 128)
+        out[:, 128:192] = qh.reshape(nb, 64)
+        out[:, 192:208] = sc.view(np.uint8)
+        out[:, 208:210] = d.reshape(nb, 1).view(np.uint8)
+        return out.tobytes()
+    if ttype not in (Q4_K, Q5_K):
+        raise MlbError(f"not a K-quant type: {ttype}")
+    nmax = 15 if ttype == Q4_K else 31
+    s, m = _kmin_fit(x.reshape(-1, 32), nmax, rule, K_SEARCH_KMIN[ttype])
+    s, m = np.maximum(s, 0).reshape(nb, 8), m.reshape(nb, 8)
+    smax, mmax = s.max(axis=1), m.max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.clip(np.rint(s * np.where(smax > 0, f32(63) / smax, f32(0))[:, None]), 0, 63)
+        lm = np.clip(np.rint(m * np.where(mmax > 0, f32(63) / mmax, f32(0))[:, None]), 0, 63)
+    d = (smax / f32(63)).astype("<f2")
+    dmin = (mmax / f32(63)).astype("<f2")
+    dl = d.astype(f32)[:, None] * ls.astype(f32)  # [nb, 8], as the runtime forms them
+    ml = dmin.astype(f32)[:, None] * lm.astype(f32)
+    xb = x.reshape(nb, 8, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(dl[:, :, None] > 0, np.clip(np.rint((xb + ml[:, :, None]) / dl[:, :, None]), 0, nmax), 0)
+    q = q.astype(np.uint8)  # [nb, 8, 32]: sub-block j, weight l
+    out[:, 0:2] = d.reshape(nb, 1).view(np.uint8)
+    out[:, 2:4] = dmin.reshape(nb, 1).view(np.uint8)
+    out[:, 4:16] = _pack_scales_k4(ls, lm)
+    lo4 = q & 15
+    qs = (lo4[:, 0::2] | (lo4[:, 1::2] << 4)).reshape(nb, 128)  # byte 32·(j//2) + l
+    if ttype == Q4_K:
+        out[:, 16:144] = qs
+    else:
+        hb = (q >> 4).astype(np.uint8)  # [nb, 8, 32]
+        out[:, 16:48] = np.bitwise_or.reduce(hb << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+        out[:, 48:176] = qs
+    return out.tobytes()
+
+
+def roundtrip_k(x, ttype, rule=None):
+    """encode_k then decode."""
+    return decode(encode_k(x, ttype, rule), ttype, np.shape(x))
 
 
 def roundtrip(x, ttype, q4_rule="fit", col_weights=None):
