@@ -113,13 +113,15 @@ def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None, k_ty
         return mlb.F32
     if qtype == "f16":
         return mlb.F16
+    q8 = mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
+    q4 = mlb.Q4_0 if scale_type == "f16" else mlb.Q4_0_F32
     if qtype == "q4_k_m":
         if source in K_QUANT_KEPT:
             return GGUF_KEPT[source]
         if shape[-1] % mlb.QK:
             return mlb.F16
         if shape[-1] % mlb.QK_K:  # llama.cpp falls back to Q5_0 / Q8_0; Krafla: Q8_0
-            return mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
+            return q8
         return k_type if k_type is not None else mlb.Q4_K
     if source in GGUF_KEPT:
         return GGUF_KEPT[source]
@@ -127,8 +129,6 @@ def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None, k_ty
         return mlb.F32  # exact
     if shape[-1] % mlb.QK:
         return mlb.F16
-    q8 = mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
-    q4 = mlb.Q4_0 if scale_type == "f16" else mlb.Q4_0_F32
     if qtype == "q8_0":
         return q8
     if q8_kinds is None:

@@ -279,21 +279,22 @@ const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 16 + 128 + 1536);
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 8 * std::mem::size_of::<BlockQ6K>());
 
 impl BlockQ6Kx8 {
-    /// Byte positions in `qs` of row k's weight e's low and high bits and
-    /// the high field's shift (the layout above).
+    /// Where row k's weight e lives in `qs` (the layout above): the byte
+    /// and shift of its low four bits, the byte and shift of its high two.
     #[inline(always)]
-    fn code_at(k: usize, e: usize) -> (usize, usize, u32) {
+    fn code_at(k: usize, e: usize) -> ((usize, u32), (usize, u32)) {
         let (j, g, l) = (e / 32, (e % 32) / 4, e % 4);
         let (c, p) = (j / 2, j % 2);
-        (384 * c + 32 * g + 4 * k + l, 384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k + l, 2 * (g % 4) as u32)
+        let lo = (384 * c + 32 * g + 4 * k + l, 4 * p as u32);
+        let hi = (384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k + l, 2 * (g % 4) as u32);
+        (lo, hi)
     }
 
     /// Row k's 6-bit code of weight e (0..64), as `q6k_code` of the row's block.
     #[inline(always)]
     pub fn code(&self, k: usize, e: usize) -> u8 {
-        let (lo, hi, shift) = Self::code_at(k, e);
-        let p = (e / 32) % 2;
-        ((self.qs[lo] >> (4 * p)) & 15) | (((self.qs[hi] >> shift) & 3) << 4)
+        let ((lo, lo_shift), (hi, hi_shift)) = Self::code_at(k, e);
+        ((self.qs[lo] >> lo_shift) & 15) | (((self.qs[hi] >> hi_shift) & 3) << 4)
     }
 }
 
@@ -332,10 +333,10 @@ pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ
                 x.scales[i][k] = r.scales[i];
             }
             for e in 0..QK_K {
-                let (lo, hi, shift) = BlockQ6Kx8::code_at(k, e);
+                let ((lo, lo_shift), (hi, hi_shift)) = BlockQ6Kx8::code_at(k, e);
                 let q = q6k_code(r, e);
-                x.qs[lo] |= (q & 15) << (4 * ((e / 32) % 2));
-                x.qs[hi] |= (q >> 4) << shift;
+                x.qs[lo] |= (q & 15) << lo_shift;
+                x.qs[hi] |= (q >> 4) << hi_shift;
             }
         }
         x

@@ -204,11 +204,11 @@ isa_features!(
     }
 
     /// The 6-bit codes of sub-blocks 2c and 2c + 1 of an interleaved Q6_K
-    /// super-block from the low-bit (256 bytes, `ql`) and high-bit (128, `qh`) bytes of its part c
-    /// (`quant::BlockQ6Kx8`): group g's low bits are nibble p of `ql` load
-    /// g, its high bits field g % 4 of `qh` load 2p + g / 4, moved to bits
-    /// 4..5 by a 16-bit shift and masked (bits that cross into the next
-    /// byte are masked off).
+    /// super-block from its part c's low-bit (256 bytes, `ql`) and high-bit
+    /// (128, `qh`) bytes (`quant::BlockQ6Kx8`): group g's low bits are
+    /// nibble p of `ql` load g, its high bits field g % 4 of `qh` load
+    /// 2p + g / 4, moved to bits 4..5 by a 16-bit shift and masked (bits
+    /// that cross into the next byte are masked off).
     #[inline]
     pub(crate) fn q6k_codes_r8(ql: &[u8], qh: &[u8]) -> [[__m256i; 8]; 2] {
         let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
