@@ -237,7 +237,8 @@ def settle(srv, threads_at_start, timeout=15):
     """Waits until the server is idle and has no connection thread left; returns (rss, threads)."""
     deadline = time.time() + timeout
     while True:
-        idle = health(srv) == {"status": "ok", "busy": False, "queued": 0}
+        h = health(srv)
+        idle = h["status"] == "ok" and h["slots_busy"] == 0 and h["queued"] == 0
         time.sleep(0.3)  # the health request's own thread ends
         rss, threads = proc_status(srv.proc.pid)
         if idle and threads <= threads_at_start:
@@ -302,6 +303,7 @@ def test_server_soak(soak_server):
     assert rss_end <= rss_warm * (1 + RSS_SLACK), summary
     # And the server still answers, exactly as before.
     assert greedy_answer(srv) == (text0, logprobs0)
-    assert health(srv) == {"status": "ok", "busy": False, "queued": 0}
+    h = health(srv)
+    assert h["status"] == "ok" and h["slots_busy"] == 0 and h["queued"] == 0, h
     log = (srv.log_path).read_text()
     assert "panicked" not in log, log[-2000:]

@@ -9,6 +9,11 @@
 //! The forward pass gives the same logits bits for any batch size, so a
 //! prompt evaluated in chunks, or after a reused prefix, decodes exactly as
 //! from a cold start.
+//!
+//! The parts, for callers that run several sequences at once (the server's
+//! batch): `Sequence` (a state and the ids it holds), `forward_sequences`
+//! (one forward pass over new tokens of several sequences) and `Decoding`
+//! (one sequence's sampling and text, a token at a time).
 
 mod text;
 
@@ -16,7 +21,7 @@ use std::sync::Arc;
 
 pub use text::TextStream;
 
-use crate::model::{LogitsFor, Model, State};
+use crate::model::{LogitsFor, Model, Segment, State};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -72,28 +77,103 @@ pub struct Decoded {
     pub tail: String,
 }
 
-/// A model and the state of one sequence.
-pub struct Generator {
-    model: Arc<Model>,
+/// What `Decoding::next` made of a position's logits.
+pub enum Next {
+    /// A token, the text now safe to show, and whether decoding ends with it.
+    Token { id: u32, text: String, finish: Option<Finish> },
+    /// Decoding ended without a token (a stop id, or no tokens left).
+    End(Finish),
+}
+
+/// One sequence's decoding, a token at a time: the sampler, the history for
+/// its penalties, the text so far, and when to stop.
+pub struct Decoding {
+    sampler: Sampler,
+    history: Vec<u32>,
+    text: TextStream,
+    tokens: Vec<u32>,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+}
+
+impl Decoding {
+    /// `history`: the tokens before (the prompt), for the repetition penalty.
+    pub fn new(history: &[u32], params: &DecodeParams) -> Decoding {
+        Decoding {
+            sampler: Sampler::new(params.sampler.clone()),
+            history: history.to_vec(),
+            text: TextStream::new(params.stop_strings.clone()),
+            tokens: Vec::new(),
+            max_tokens: params.max_tokens,
+            stop_ids: params.stop_ids.clone(),
+        }
+    }
+
+    /// The tokens generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Samples the token after `logits`; `room` says whether the sequence
+    /// has a position left to run it (else the token is the last).
+    pub fn next(&mut self, logits: &[f32], tokenizer: Option<&Tokenizer>, room: bool) -> Next {
+        if self.tokens.len() >= self.max_tokens {
+            return Next::End(Finish::Length);
+        }
+        // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
+        let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
+        let id = self.sampler.sample(&logits[..n], &self.history);
+        if self.stop_ids.contains(&id) {
+            return Next::End(Finish::Stop);
+        }
+        let prev = self.tokens.last().copied();
+        self.tokens.push(id);
+        self.history.push(id);
+        let (text, hit_stop) = match tokenizer {
+            Some(tok) => self.text.push(&tok.decode_piece(prev, id)),
+            None => (String::new(), false),
+        };
+        let finish = if hit_stop {
+            Some(Finish::Stop)
+        } else if self.tokens.len() >= self.max_tokens || !room {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        Next::Token { id, text, finish }
+    }
+
+    /// The end: what was held back (nothing after a cancel), and the tokens.
+    pub fn finish(mut self, finish: Finish) -> Decoded {
+        let tail = if finish == Finish::Cancelled { String::new() } else { self.text.finish() };
+        Decoded { finish, tokens: self.tokens, tail }
+    }
+}
+
+/// One sequence's state and the ids whose keys and values it holds.
+pub struct Sequence {
     state: State,
-    /// Prompt tokens per forward call.
-    batch: usize,
-    /// The ids whose keys and values `state` holds (len == state.pos).
+    /// len == state.pos
     cached: Vec<u32>,
 }
 
-impl Generator {
-    pub fn new(model: Arc<Model>, state: State, batch: usize) -> Generator {
-        assert!(batch > 0, "a prompt batch holds at least one token");
-        Generator { model, state, batch, cached: Vec::new() }
-    }
-
-    pub fn model(&self) -> &Model {
-        &self.model
+impl Sequence {
+    pub fn new(state: State) -> Sequence {
+        Sequence { state, cached: Vec::new() }
     }
 
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The ids the state holds.
+    pub fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// True while the state has a position left.
+    pub fn has_room(&self) -> bool {
+        self.state.pos < self.state.ctx
     }
 
     /// Forgets the sequence: back to position 0.
@@ -102,15 +182,69 @@ impl Generator {
         self.cached.clear();
     }
 
+    /// How many leading ids of `tokens` the state holds.
+    pub fn common_prefix(&self, tokens: &[u32]) -> usize {
+        self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count()
+    }
+
     /// Keeps the longest cached prefix of `tokens`, but at most
     /// `tokens.len() − 1` so that at least one token is evaluated for
     /// logits; returns how many tokens it kept. A recurrent (DeltaNet) state
     /// cannot rewind, so it keeps all or nothing.
     pub fn reuse_prefix(&mut self, tokens: &[u32]) -> usize {
-        let common = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let common = self.common_prefix(tokens);
         self.state.truncate(common.min(tokens.len().saturating_sub(1)));
         self.cached.truncate(self.state.pos);
         self.state.pos
+    }
+}
+
+/// One forward pass over new tokens of several sequences (each with the
+/// logits it wants); every sequence's logits are the same bits as from a
+/// pass of its own. Returns the logits per part, in order.
+pub fn forward_sequences(
+    model: &Model,
+    parts: &mut [(&mut Sequence, &[u32], LogitsFor)],
+) -> Result<Vec<Vec<f32>>, String> {
+    let mut segs: Vec<Segment> =
+        parts.iter_mut().map(|(seq, tokens, want)| Segment { state: &mut seq.state, tokens, want: *want }).collect();
+    let logits = model.forward_batch(&mut segs)?;
+    for (seq, tokens, _) in parts.iter_mut() {
+        seq.cached.extend_from_slice(tokens);
+    }
+    Ok(logits)
+}
+
+/// A model and the state of one sequence.
+pub struct Generator {
+    model: Arc<Model>,
+    seq: Sequence,
+    /// Prompt tokens per forward call.
+    batch: usize,
+}
+
+impl Generator {
+    pub fn new(model: Arc<Model>, state: State, batch: usize) -> Generator {
+        assert!(batch > 0, "a prompt batch holds at least one token");
+        Generator { model, seq: Sequence::new(state), batch }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn state(&self) -> &State {
+        &self.seq.state
+    }
+
+    /// Forgets the sequence: back to position 0.
+    pub fn reset(&mut self) {
+        self.seq.reset();
+    }
+
+    /// `Sequence::reuse_prefix`.
+    pub fn reuse_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.seq.reuse_prefix(tokens)
     }
 
     /// Evaluates `tokens` after what the state holds, `batch` at a time, and
@@ -135,8 +269,8 @@ impl Generator {
                 LogitsFor::Last if last => LogitsFor::Last,
                 _ => LogitsFor::None,
             };
-            let out = self.model.forward(&mut self.state, chunk, chunk_want)?;
-            self.cached.extend_from_slice(chunk);
+            let out = self.model.forward(&mut self.seq.state, chunk, chunk_want)?;
+            self.seq.cached.extend_from_slice(chunk);
             if want == LogitsFor::All {
                 logits.extend_from_slice(&out);
             } else if last {
@@ -148,8 +282,8 @@ impl Generator {
 
     /// Appends `token` and returns the logits of the position after it.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
-        let logits = self.model.forward(&mut self.state, &[token], LogitsFor::Last)?;
-        self.cached.push(token);
+        let logits = self.model.forward(&mut self.seq.state, &[token], LogitsFor::Last)?;
+        self.seq.cached.push(token);
         Ok(logits)
     }
 
@@ -165,40 +299,22 @@ impl Generator {
         tokenizer: Option<&Tokenizer>,
         on: &mut dyn FnMut(Token) -> bool,
     ) -> Result<Decoded, String> {
-        let mut sampler = Sampler::new(params.sampler.clone());
-        let mut history = history.to_vec();
-        let mut text = TextStream::new(params.stop_strings.clone());
-        let mut tokens: Vec<u32> = Vec::new();
+        let mut decoding = Decoding::new(history, params);
         let mut logits = logits;
         let finish = loop {
-            if tokens.len() >= params.max_tokens {
-                break Finish::Length;
+            match decoding.next(&logits, tokenizer, self.seq.has_room()) {
+                Next::End(finish) => break finish,
+                Next::Token { id, text, finish } => {
+                    if !on(Token { id, text: &text, logits: &logits }) {
+                        break Finish::Cancelled;
+                    }
+                    if let Some(finish) = finish {
+                        break finish;
+                    }
+                    logits = self.step(id)?;
+                }
             }
-            // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
-            let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
-            let next = sampler.sample(&logits[..n], &history);
-            if params.stop_ids.contains(&next) {
-                break Finish::Stop;
-            }
-            let prev = tokens.last().copied();
-            tokens.push(next);
-            history.push(next);
-            let (delta, hit_stop) = match tokenizer {
-                Some(tok) => text.push(&tok.decode_piece(prev, next)),
-                None => (String::new(), false),
-            };
-            if !on(Token { id: next, text: &delta, logits: &logits }) {
-                break Finish::Cancelled;
-            }
-            if hit_stop {
-                break Finish::Stop;
-            }
-            if tokens.len() >= params.max_tokens || self.state.pos >= self.state.ctx {
-                break Finish::Length;
-            }
-            logits = self.step(next)?;
         };
-        let tail = if finish == Finish::Cancelled { String::new() } else { text.finish() };
-        Ok(Decoded { finish, tokens, tail })
+        Ok(decoding.finish(finish))
     }
 }

@@ -180,13 +180,15 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
     matmul_group(&mut [(w, out)], input);
 }
 
-/// Several matmuls sharing one input (q/k/v, gate/up) in one parallel region.
+/// Several matmuls sharing one input (q/k/v, gate/up).
 ///
-/// For one token the rows of all matrices are cut into a few contiguous
-/// chunks per thread (multiples of eight rows, so repacked groups stay
-/// whole). A long batch is cut into runs of tokens, each task walking all
-/// row tiles for its run; a short one into row tiles, each applied to every
-/// token. Either way every output element is one dot as in `matmul`.
+/// A short batch (one token, or the few tokens of a batched decode step)
+/// runs in one parallel region: the rows of all matrices are cut into a few
+/// contiguous chunks per thread (multiples of eight rows, so repacked groups
+/// stay whole), and each task streams its rows once for all the tokens. A
+/// long batch (a prompt) is cut into runs of tokens, each task walking all
+/// row tiles for its run, one matrix after another. Either way every output
+/// element is one dot as in `matmul`.
 pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
     let n_tok = input.n_tokens();
     for (w, out) in items.iter() {
@@ -203,11 +205,42 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
         let q = if xq.is_empty() { xq } else { xq.range(t * bpr, (t + 1) * bpr) };
         (x, q)
     };
+    let threads = rayon::current_num_threads();
+    // Tokens per task when a batch is split by tokens: a multiple of 4, about
+    // four tasks per thread, at most 64 (their activations stay in L2).
+    let token_chunk = n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
+    if n_tok.div_ceil(token_chunk) < 2 * threads {
+        short_batch(items, n_tok, &one_token);
+        return;
+    }
+    for (w, out) in items.iter_mut() {
+        // Long batch: each task takes a run of tokens and walks all rows in
+        // tiles, each tile's weights reused by the run's tokens while in
+        // cache; it writes its own [tokens][rows] part of `out`.
+        let rows = w.rows;
+        out.par_chunks_mut(token_chunk * rows).enumerate().for_each(|(chunk, o)| {
+            let t0 = chunk * token_chunk;
+            let n = o.len() / rows;
+            for r0 in (0..rows).step_by(ROW_TILE) {
+                let tile_rows = ROW_TILE.min(rows - r0);
+                tile_dots(w, r0, tile_rows, t0, n, &one_token, |i, t, v| o[(t - t0) * rows + r0 + i] = v);
+            }
+        });
+    }
+}
+
+/// `matmul_group` for a few tokens: contiguous row chunks of every matrix,
+/// all in one parallel region. One token writes straight into `out`; more
+/// go through a [tokens][chunk rows] buffer per task, copied out after.
+fn short_batch<'a>(
+    items: &mut [(&MatRef, &mut [f32])],
+    n_tok: usize,
+    one_token: &(impl Fn(usize) -> (&'a [f32], ActRef<'a>) + Sync),
+) {
+    let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
+    // a multiple of 8, so that repacked groups are never split
+    let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
     if n_tok == 1 {
-        let (x, q) = one_token(0);
-        let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
-        // a multiple of 8, so that repacked groups are never split
-        let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
         let mut tasks: Vec<(&MatRef, usize, &mut [f32])> = Vec::new();
         for (w, out) in items.iter_mut() {
             for (i, o) in out.chunks_mut(chunk).enumerate() {
@@ -215,53 +248,30 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
             }
         }
         tasks.into_par_iter().for_each(|(w, r0, o)| {
-            let mut i = 0;
-            while i < o.len() {
-                match w.group_dot(r0 + i, q) {
-                    Some(v) if i + ROWS8 <= o.len() => {
-                        o[i..i + ROWS8].copy_from_slice(&v);
-                        i += ROWS8;
-                    }
-                    _ => {
-                        o[i] = w.row_dot(r0 + i, x, q);
-                        i += 1;
-                    }
-                }
-            }
+            let len = o.len();
+            tile_dots(w, r0, len, 0, 1, one_token, |i, _, v| o[i] = v);
         });
         return;
     }
-    let threads = rayon::current_num_threads();
-    // Tokens per task when a batch is split by tokens: a multiple of 4, about
-    // four tasks per thread, at most 64 (their activations stay in L2).
-    let token_chunk = n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
-    for (w, out) in items.iter_mut() {
-        let rows = w.rows;
-        if n_tok.div_ceil(token_chunk) >= 2 * threads {
-            // Long batch: each task takes a run of tokens and walks all rows
-            // in tiles, each tile's weights reused by the run's tokens while
-            // in cache; it writes its own [tokens][rows] part of `out`.
-            out.par_chunks_mut(token_chunk * rows).enumerate().for_each(|(chunk, o)| {
-                let t0 = chunk * token_chunk;
-                let n = o.len() / rows;
-                for r0 in (0..rows).step_by(ROW_TILE) {
-                    let tile_rows = ROW_TILE.min(rows - r0);
-                    tile_dots(w, r0, tile_rows, t0, n, &one_token, |i, t, v| o[(t - t0) * rows + r0 + i] = v);
-                }
-            });
-        } else {
-            // Short batch: tasks take row tiles; results gathered per tile
-            // ([rows][tokens], one contiguous chunk per task), then transposed.
-            let mut by_row = vec![0.0f32; out.len()];
-            by_row.par_chunks_mut(ROW_TILE * n_tok).enumerate().for_each(|(tile, o)| {
-                let r0 = tile * ROW_TILE;
-                tile_dots(w, r0, o.len() / n_tok, 0, n_tok, &one_token, |i, t, v| o[i * n_tok + t] = v);
-            });
-            for t in 0..n_tok {
-                for r in 0..rows {
-                    out[t * rows + r] = by_row[r * n_tok + t];
-                }
-            }
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new(); // (item, first row, rows)
+    for (k, (w, _)) in items.iter().enumerate() {
+        for r0 in (0..w.rows).step_by(chunk) {
+            tasks.push((k, r0, chunk.min(w.rows - r0)));
+        }
+    }
+    let mats: Vec<&MatRef> = items.iter().map(|(w, _)| *w).collect();
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(k, r0, len)| {
+            let mut buf = vec![0.0f32; n_tok * len];
+            tile_dots(mats[k], r0, len, 0, n_tok, one_token, |i, t, v| buf[t * len + i] = v);
+            buf
+        })
+        .collect();
+    for (&(k, r0, len), buf) in tasks.iter().zip(&results) {
+        let (w, out) = &mut items[k];
+        for (t, part) in buf.chunks_exact(len).enumerate() {
+            out[t * w.rows + r0..][..len].copy_from_slice(part);
         }
     }
 }

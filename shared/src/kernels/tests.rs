@@ -530,6 +530,11 @@ fn matmul_identical_for(n_tok: usize) {
         let mut unpacked = vec![0.0; n_tok * rows];
         matmul(&MatRef { packed: Packed::None, ..m }, &Input::new(&x, cols), &mut unpacked);
         assert_eq!(bits(&batched), bits(&unpacked), "repacked rows give the plain layout's results");
+        // two matrices in one group (one parallel region for a short batch)
+        let (mut first, mut second) = (vec![0.0; n_tok * rows], vec![0.0; n_tok * rows]);
+        crate::kernels::matmul_group(&mut [(&m, &mut first[..]), (&m, &mut second[..])], &Input::new(&x, cols));
+        assert_eq!(bits(&first), bits(&batched), "grouped, {n_tok} tokens");
+        assert_eq!(bits(&second), bits(&batched), "grouped (second), {n_tok} tokens");
         for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             // another batch split: 4 + the rest

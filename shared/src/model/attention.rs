@@ -1,15 +1,15 @@
-//! Attention for a batch of new tokens: q/k/v projections, biases, q/k
-//! norms, RoPE, the append to the KV cache, causal (optionally windowed)
-//! attention over the cache, the output gate and the output projection.
+//! Attention for a batch of new tokens, possibly of several sequences: q/k/v
+//! projections, biases, q/k norms, RoPE, the append to each sequence's KV
+//! cache, causal (optionally windowed) attention of each row over its own
+//! sequence's cache, the output gate and the output projection.
 
 use rayon::prelude::*;
 
 use super::config::{Config, LayerKind};
 use super::kvcache::KvCache;
 use super::rope::RopeTables;
-use super::state::State;
 use super::weights::AttentionWeights;
-use super::Model;
+use super::{Model, Segment};
 use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
 
 impl Model {
@@ -20,7 +20,7 @@ impl Model {
         l: usize,
         w: &AttentionWeights,
         xn: &[f32],
-        st: &mut State,
+        segs: &mut [Segment],
         rope: &RopeTables,
         out: &mut [f32],
     ) {
@@ -52,11 +52,25 @@ impl Model {
             rope.apply(table, &mut k, hd);
         }
 
-        // Append keys and values to this layer's cache slot.
-        st.kv.write(st.slot[l], st.pos, &k, &v);
+        // Append each sequence's keys and values to its cache, then attend.
+        let mut row = 0;
+        for seg in segs.iter_mut() {
+            let (n, st) = (seg.tokens.len(), &mut *seg.state);
+            if n > 0 {
+                let rows = row * kv_dim..(row + n) * kv_dim;
+                st.kv.write(st.slot[l], st.pos, &k[rows.clone()], &v[rows]);
+            }
+            row += n;
+        }
+        let mut spans = Vec::with_capacity(segs.len());
+        let mut first_row = 0;
+        for seg in segs.iter() {
+            spans.push(Span { kv: &seg.state.kv, slot: seg.state.slot[l], pos0: seg.state.pos, first_row });
+            first_row += seg.tokens.len();
+        }
         let window = if sliding { c.sliding_window } else { 0 };
         let mut att = vec![0.0f32; n_tok * c.q_dim()];
-        attention(c, &queries, &st.kv, st.slot[l], st.pos, window, &mut att);
+        attention(c, &queries, &spans, window, &mut att);
         if c.attn_output_gate {
             for (a, g) in att.iter_mut().zip(&gates) {
                 *a *= 1.0 / (1.0 + libm::expf(-*g));
@@ -93,18 +107,30 @@ fn split_query_gate(q: &[f32], c: &Config) -> (Vec<f32>, Vec<f32>) {
     (query, gate)
 }
 
-/// Causal (optionally windowed) multi-head attention of T new queries over the
-/// cache slot of this layer; writes [T][H·hd]. One task per (token, head):
-/// fixed order inside.
-fn attention(c: &Config, q: &[f32], kv: &KvCache, slot: usize, pos0: usize, window: usize, out: &mut [f32]) {
+/// The rows of one sequence in a batch: its cache, the cache slot of this
+/// layer, the position of its first new row, and where its rows start.
+struct Span<'a> {
+    kv: &'a KvCache,
+    slot: usize,
+    pos0: usize,
+    first_row: usize,
+}
+
+/// Causal (optionally windowed) multi-head attention of T new queries, each
+/// over its own sequence's cache (`spans`, in row order); writes [T][H·hd].
+/// One task per (token, head): fixed order inside.
+fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, out: &mut [f32]) {
     let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
+    let n_tok = q.len() / (c.n_heads * hd);
     // Short contexts are cheaper on one thread than split across several.
-    let positions = pos0 + q.len() / (c.n_heads * hd);
+    let positions = spans.iter().map(|s| s.pos0).max().unwrap_or(0) + n_tok;
     let min_len = (4096 / (positions * hd).max(1)).clamp(1, c.n_heads);
     out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each(|(idx, o)| {
         let (t, h) = (idx / c.n_heads, idx % c.n_heads);
-        let pos = pos0 + t;
+        let span = &spans[spans.partition_point(|s| s.first_row <= t) - 1];
+        let (kv, slot) = (span.kv, span.slot);
+        let pos = span.pos0 + t - span.first_row;
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
         let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
         let kv_off = (h / group) * hd;

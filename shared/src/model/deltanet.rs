@@ -5,15 +5,21 @@
 
 use rayon::prelude::*;
 
-use super::state::State;
 use super::weights::DeltaNetWeights;
-use super::Model;
+use super::{Model, Segment};
 use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
 
 impl Model {
-    /// Gated DeltaNet for the new tokens, one token after another (the
-    /// recurrent form), value heads in parallel.
-    pub(super) fn deltanet_block(&self, l: usize, w: &DeltaNetWeights, xn: &[f32], st: &mut State, out: &mut [f32]) {
+    /// Gated DeltaNet for the new tokens, each sequence's one after another
+    /// on its own state (the recurrent form), value heads in parallel.
+    pub(super) fn deltanet_block(
+        &self,
+        l: usize,
+        w: &DeltaNetWeights,
+        xn: &[f32],
+        segs: &mut [Segment],
+        out: &mut [f32],
+    ) {
         let c = &self.config;
         let dn = c.deltanet;
         let (nk, nv, dk, dv, kw) = (dn.n_k_heads, dn.n_v_heads, dn.k_head_dim, dn.v_head_dim, dn.conv_kernel);
@@ -27,51 +33,57 @@ impl Model {
         let (wqkv, wz, wb, wa) = (self.mat(&w.qkv), self.mat(&w.z), self.mat(&w.b), self.mat(&w.a));
         matmul_group(&mut [(&wqkv, &mut mixed[..]), (&wz, &mut z[..]), (&wb, &mut b[..]), (&wa, &mut a[..])], &input);
 
-        let slot = st.slot[l];
-        let hist = kw - 1;
-        let conv_state = &mut st.conv_state[slot * hist * conv_dim..(slot + 1) * hist * conv_dim];
-        let ssm = &mut st.ssm_state[slot * nv * dk * dv..(slot + 1) * nv * dk * dv];
         let mut core = vec![0.0f32; n_tok * dn.value_dim()]; // [T][nv·dv]
         let mut conv_out = vec![0.0f32; conv_dim];
-        for t in 0..n_tok {
-            // Causal depthwise convolution over [state (K−1 inputs) | this input], then SiLU.
-            let m_t = &mixed[t * conv_dim..(t + 1) * conv_dim];
-            for (ch, o) in conv_out.iter_mut().enumerate() {
-                let wrow = &w.conv[ch * kw..(ch + 1) * kw];
-                let mut acc = 0.0f32;
-                for j in 0..hist {
-                    acc += wrow[j] * conv_state[j * conv_dim + ch];
+        let hist = kw - 1;
+        let mut row0 = 0;
+        for seg in segs.iter_mut() {
+            let st = &mut *seg.state;
+            let slot = st.slot[l];
+            let conv_state = &mut st.conv_state[slot * hist * conv_dim..(slot + 1) * hist * conv_dim];
+            let ssm = &mut st.ssm_state[slot * nv * dk * dv..(slot + 1) * nv * dk * dv];
+            let rows = row0..row0 + seg.tokens.len();
+            row0 = rows.end;
+            for t in rows {
+                // Causal depthwise convolution over [state (K−1 inputs) | this input], then SiLU.
+                let m_t = &mixed[t * conv_dim..(t + 1) * conv_dim];
+                for (ch, o) in conv_out.iter_mut().enumerate() {
+                    let wrow = &w.conv[ch * kw..(ch + 1) * kw];
+                    let mut acc = 0.0f32;
+                    for j in 0..hist {
+                        acc += wrow[j] * conv_state[j * conv_dim + ch];
+                    }
+                    acc += wrow[hist] * m_t[ch];
+                    *o = acc / (1.0 + libm::expf(-acc));
                 }
-                acc += wrow[hist] * m_t[ch];
-                *o = acc / (1.0 + libm::expf(-acc));
-            }
-            if hist > 0 {
-                conv_state.copy_within(conv_dim.., 0);
-                conv_state[(hist - 1) * conv_dim..].copy_from_slice(m_t);
-            }
-            let (q_all, rest) = conv_out.split_at(nk * dk);
-            let (k_all, v_all) = rest.split_at(nk * dk);
-            let (b_t, a_t) = (&b[t * nv..(t + 1) * nv], &a[t * nv..(t + 1) * nv]);
-            let z_t = &z[t * nv * dv..(t + 1) * nv * dv];
-            let core_t = &mut core[t * nv * dv..(t + 1) * nv * dv];
-            let group = nv / nk;
-            ssm.par_chunks_mut(dk * dv).zip(core_t.par_chunks_mut(dv)).enumerate().for_each(|(j, (s, o))| {
-                let kh = j / group;
-                let scale = 1.0 / (dk as f32).sqrt();
-                let q: Vec<f32> = l2norm(&q_all[kh * dk..(kh + 1) * dk]).iter().map(|v| v * scale).collect();
-                let k = l2norm(&k_all[kh * dk..(kh + 1) * dk]);
-                let v = &v_all[j * dv..(j + 1) * dv];
-                let beta = 1.0 / (1.0 + libm::expf(-b_t[j]));
-                let g = -libm::expf(w.a_log[j]) * softplus(a_t[j] + w.dt_bias[j]);
-                delta_rule_step(s, &q, &k, v, libm::expf(g), beta, dk, dv, o);
-                // Gated RMSNorm: rmsnorm(o) · w · silu(z)
-                let mut normed = vec![0.0f32; dv];
-                Arch::rmsnorm(o, &w.norm, c.norm_eps, &mut normed);
-                for (e, ov) in o.iter_mut().enumerate() {
-                    let zv = z_t[j * dv + e];
-                    *ov = normed[e] * (zv / (1.0 + libm::expf(-zv)));
+                if hist > 0 {
+                    conv_state.copy_within(conv_dim.., 0);
+                    conv_state[(hist - 1) * conv_dim..].copy_from_slice(m_t);
                 }
-            });
+                let (q_all, rest) = conv_out.split_at(nk * dk);
+                let (k_all, v_all) = rest.split_at(nk * dk);
+                let (b_t, a_t) = (&b[t * nv..(t + 1) * nv], &a[t * nv..(t + 1) * nv]);
+                let z_t = &z[t * nv * dv..(t + 1) * nv * dv];
+                let core_t = &mut core[t * nv * dv..(t + 1) * nv * dv];
+                let group = nv / nk;
+                ssm.par_chunks_mut(dk * dv).zip(core_t.par_chunks_mut(dv)).enumerate().for_each(|(j, (s, o))| {
+                    let kh = j / group;
+                    let scale = 1.0 / (dk as f32).sqrt();
+                    let q: Vec<f32> = l2norm(&q_all[kh * dk..(kh + 1) * dk]).iter().map(|v| v * scale).collect();
+                    let k = l2norm(&k_all[kh * dk..(kh + 1) * dk]);
+                    let v = &v_all[j * dv..(j + 1) * dv];
+                    let beta = 1.0 / (1.0 + libm::expf(-b_t[j]));
+                    let g = -libm::expf(w.a_log[j]) * softplus(a_t[j] + w.dt_bias[j]);
+                    delta_rule_step(s, &q, &k, v, libm::expf(g), beta, dk, dv, o);
+                    // Gated RMSNorm: rmsnorm(o) · w · silu(z)
+                    let mut normed = vec![0.0f32; dv];
+                    Arch::rmsnorm(o, &w.norm, c.norm_eps, &mut normed);
+                    for (e, ov) in o.iter_mut().enumerate() {
+                        let zv = z_t[j * dv + e];
+                        *ov = normed[e] * (zv / (1.0 + libm::expf(-zv)));
+                    }
+                });
+            }
         }
         matmul(&self.mat(&w.out), &Input::new(&core, dn.value_dim()), out);
     }

@@ -13,28 +13,51 @@ use super::weights::Mixer;
 use super::{LogitsFor, Model};
 use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
 
+/// One sequence's share of a batched forward call: its state, its new
+/// tokens (positions `state.pos ..`), and which of their logits it wants.
+pub struct Segment<'a> {
+    pub state: &'a mut State,
+    pub tokens: &'a [u32],
+    pub want: LogitsFor,
+}
+
 impl Model {
     /// Runs `tokens` (positions state.pos ..) through the model, appending to
     /// the cache, and returns logits [n][V] for the positions asked for.
     pub fn forward(&self, st: &mut State, tokens: &[u32], want: LogitsFor) -> Result<Vec<f32>, String> {
+        let mut one = [Segment { state: st, tokens, want }];
+        Ok(self.forward_batch(&mut one)?.pop().unwrap_or_default())
+    }
+
+    /// Runs the new tokens of several sequences through the model in one
+    /// pass: their rows share every matrix product (one read of the weights
+    /// for all), and each attends only to its own state. Every row's result
+    /// is the same bits as in a call of its own (the kernels are batch-size
+    /// invariant, attention is per row), so a sequence's logits do not
+    /// depend on what shares the batch. Returns each segment's logits
+    /// [n][V] for the positions it asked for. Nothing changes on an error.
+    pub fn forward_batch(&self, segs: &mut [Segment]) -> Result<Vec<Vec<f32>>, String> {
         let c = &self.config;
-        let n_tok = tokens.len();
+        for seg in segs.iter() {
+            let (st, n) = (&seg.state, seg.tokens.len());
+            if st.pos + n > st.ctx {
+                return Err(format!(
+                    "context is full: {} positions + {n} new exceed the context of {}",
+                    st.pos, st.ctx
+                ));
+            }
+            if let Some(&bad) = seg.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size));
+            }
+        }
+        let n_tok: usize = segs.iter().map(|s| s.tokens.len()).sum();
         if n_tok == 0 {
-            return Ok(Vec::new());
-        }
-        if st.pos + n_tok > st.ctx {
-            return Err(format!(
-                "context is full: {} positions + {n_tok} new exceed the context of {}",
-                st.pos, st.ctx
-            ));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size));
+            return Ok(vec![Vec::new(); segs.len()]);
         }
         let d = c.hidden_size;
-        let pos0 = st.pos;
 
-        // x: [T][D] token embeddings
+        // x: [T][D] token embeddings, the segments' rows one after another
+        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         let mut x = vec![0.0f32; n_tok * d];
         let embd = self.mat(&self.token_embd);
         for (t, row) in x.chunks_exact_mut(d).enumerate() {
@@ -44,7 +67,8 @@ impl Model {
             }
         }
 
-        let rope_tables = RopeTables::new(c, pos0, n_tok);
+        let positions: Vec<usize> = segs.iter().flat_map(|s| s.state.pos..s.state.pos + s.tokens.len()).collect();
+        let rope_tables = RopeTables::new(c, &positions);
         let mut xn = vec![0.0f32; n_tok * d];
         let mut proj = vec![0.0f32; n_tok * d];
         let mut gate = vec![0.0f32; n_tok * c.ffn_dim];
@@ -54,8 +78,8 @@ impl Model {
             // ---- token mixing: attention or Gated DeltaNet ----
             rmsnorm_rows(&x, &layer.attn_norm, c.norm_eps, &mut xn, d);
             match &layer.mixer {
-                Mixer::Attention(w) => self.attention_block(l, w, &xn, st, &rope_tables, &mut proj),
-                Mixer::DeltaNet(w) => self.deltanet_block(l, w, &xn, st, &mut proj),
+                Mixer::Attention(w) => self.attention_block(l, w, &xn, segs, &rope_tables, &mut proj),
+                Mixer::DeltaNet(w) => self.deltanet_block(l, w, &xn, segs, &mut proj),
             }
             if let Some(w) = &layer.attn_post_norm {
                 let tmp = proj.clone();
@@ -81,23 +105,43 @@ impl Model {
             }
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
-        st.pos += n_tok;
-
-        // ---- head ----
-        let rows: &[f32] = match want {
-            LogitsFor::None => return Ok(Vec::new()),
-            LogitsFor::Last => &x[(n_tok - 1) * d..],
-            LogitsFor::All => &x,
-        };
-        let mut normed = vec![0.0f32; rows.len()];
-        rmsnorm_rows(rows, &self.output_norm, c.norm_eps, &mut normed, d);
-        let mut logits = vec![0.0f32; rows.len() / d * c.vocab_size];
-        matmul(&self.mat(&self.output), &Input::new(&normed, d), &mut logits);
-        if c.final_softcap > 0.0 {
-            let cap = c.final_softcap;
-            logits.iter_mut().for_each(|v| *v = cap * libm::tanhf(*v / cap));
+        for seg in segs.iter_mut() {
+            seg.state.pos += seg.tokens.len();
         }
-        Ok(logits)
+
+        // ---- head: the rows the segments want, in one product ----
+        let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(segs.len()); // per segment: (first row, rows)
+        let mut first = 0;
+        for seg in segs.iter() {
+            let n = seg.tokens.len();
+            wanted.push(match seg.want {
+                LogitsFor::None => (first, 0),
+                LogitsFor::Last => (first + n.saturating_sub(1), n.min(1)),
+                LogitsFor::All => (first, n),
+            });
+            first += n;
+        }
+        let rows: Vec<f32> = wanted.iter().flat_map(|&(r, n)| x[r * d..(r + n) * d].iter().copied()).collect();
+        let mut logits = Vec::new();
+        if !rows.is_empty() {
+            let mut normed = vec![0.0f32; rows.len()];
+            rmsnorm_rows(&rows, &self.output_norm, c.norm_eps, &mut normed, d);
+            logits = vec![0.0f32; rows.len() / d * c.vocab_size];
+            matmul(&self.mat(&self.output), &Input::new(&normed, d), &mut logits);
+            if c.final_softcap > 0.0 {
+                let cap = c.final_softcap;
+                logits.iter_mut().for_each(|v| *v = cap * libm::tanhf(*v / cap));
+            }
+        }
+        let mut rest = &logits[..];
+        Ok(wanted
+            .iter()
+            .map(|&(_, n)| {
+                let (mine, tail) = rest.split_at(n * c.vocab_size);
+                rest = tail;
+                mine.to_vec()
+            })
+            .collect())
     }
 }
 

@@ -25,6 +25,7 @@ mod state;
 mod weights;
 
 pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle};
+pub use forward::Segment;
 pub use kvcache::KvType;
 pub use state::State;
 pub use weights::LoadOptions;

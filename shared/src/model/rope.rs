@@ -1,9 +1,10 @@
 //! Rotary position embeddings: the cos/sin tables of one forward call's
-//! positions, and their application to the heads of queries and keys.
+//! positions (one per row: a batch may hold several sequences), and their
+//! application to the heads of queries and keys.
 
 use super::config::{Config, RopeStyle};
 
-/// cos/sin of position × inverse frequency for the positions of one call.
+/// cos/sin of position × inverse frequency for each row of one call.
 pub(super) struct RopeTables {
     pub(super) style: RopeStyle,
     pub(super) rope_dim: usize,
@@ -12,10 +13,11 @@ pub(super) struct RopeTables {
 }
 
 impl RopeTables {
-    pub(super) fn new(c: &Config, pos0: usize, n_tok: usize) -> Self {
+    /// The tables of rows at `positions`.
+    pub(super) fn new(c: &Config, positions: &[usize]) -> Self {
         let table = |inv: &[f32]| -> Vec<(f32, f32)> {
-            let mut t = Vec::with_capacity(n_tok * inv.len());
-            for p in pos0..pos0 + n_tok {
+            let mut t = Vec::with_capacity(positions.len() * inv.len());
+            for &p in positions {
                 for &f in inv {
                     // Angle in f32 as transformers computes it; cos/sin rounded from f64.
                     let angle = (p as f32 * f) as f64;

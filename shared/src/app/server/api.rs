@@ -191,7 +191,7 @@ impl Fields<'_> {
 }
 
 /// Fields both endpoints accept.
-const COMMON_FIELDS: [&str; 16] = [
+const COMMON_FIELDS: [&str; 18] = [
     "model",
     "max_tokens",
     "temperature",
@@ -208,7 +208,11 @@ const COMMON_FIELDS: [&str; 16] = [
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
+    "ignore_eos",
+    "timeout",
 ];
+/// The longest `timeout` a request may ask for: a day.
+const MAX_TIMEOUT: f64 = 86_400.0;
 const CHAT_FIELDS: [&str; 6] =
     ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "store"];
 const COMPLETION_FIELDS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
@@ -265,6 +269,15 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         Some(v) => return Err(wrong_type("seed", "an integer", v)),
     };
     let stop = parse_stop(f.get("stop"))?;
+    let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
+    let timeout = match f.get("timeout") {
+        None => None,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(x) if x > 0.0 && x <= MAX_TIMEOUT => Some(x),
+            _ => return Err(out_of_range("timeout", "a number of seconds above 0 and at most 86400")),
+        },
+        Some(v) => return Err(wrong_type("timeout", "a number", v)),
+    };
     let stream = f.boolean("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -353,6 +366,8 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         seed,
         stop,
         logprobs,
+        ignore_eos,
+        timeout,
     };
     Ok(GenRequest {
         chat,

@@ -1,18 +1,29 @@
-//! The single generation worker. It owns the generator (the model, the KV
-//! cache and the ids the cache holds) and runs one job at a time from a
-//! bounded queue. A job whose prompt shares a prefix with the cache
-//! evaluates only the rest (`Generator::reuse_prefix`; the forward pass is
-//! batch-size invariant, so the logits are the same bits as from a cold
-//! start). Text leaves as whole UTF-8 characters, with anything that could
-//! still become a stop string held back (`generate::TextStream`).
+//! The generation worker: `--parallel` slots, each a sequence with its own
+//! KV cache, run together (continuous batching). Each step is one forward
+//! pass over the next token of every decoding slot plus up to `--batch`
+//! prompt tokens of the slots still reading their prompts (chunked
+//! prefill, oldest request first), so a long prompt does not stop the
+//! streams already running. A request that ends frees its slot at once; a
+//! cancelled one (its client went away) or one past its deadline is let go
+//! before the next step.
+//!
+//! A new request goes to the free slot whose cache its prompt continues (a
+//! conversation picks up where its last turn left off), else to the slot
+//! idle longest, and evaluates only what the slot does not hold. The forward pass is
+//! batch-size invariant and each sequence attends only to its own cache, so
+//! a request's logits are the same bits whatever shares the batch and
+//! whatever its slot held. Text leaves as whole UTF-8 characters, with
+//! anything that could still become a stop string held back
+//! (`generate::TextStream`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::generate::{DecodeParams, Finish, Generator, TextStream, Token};
-use crate::model::LogitsFor;
+use super::metrics::Metrics;
+use crate::generate::{forward_sequences, DecodeParams, Decoding, Finish, Next, Sequence, TextStream};
+use crate::model::{LogitsFor, Model};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
@@ -29,6 +40,10 @@ pub struct GenParams {
     pub stop: Vec<String>,
     /// Some(k): report each generated token's log-probability and the top k alternatives.
     pub logprobs: Option<usize>,
+    /// Generate past the end-of-text and end-of-turn tokens (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Seconds the request may take, from its arrival to its last token.
+    pub timeout: Option<f64>,
 }
 
 /// Log-probability of one generated token (natural log, from the raw logits).
@@ -49,7 +64,7 @@ pub struct TokenLogprob {
 /// What the worker reports back to the connection that submitted a job.
 #[derive(Debug)]
 pub enum Event {
-    /// The job left the queue and its prompt is being evaluated.
+    /// The job has a slot and its prompt is being evaluated.
     Started,
     /// New text (possibly empty) and the logprobs of the token that produced it.
     Delta {
@@ -66,151 +81,368 @@ pub enum Event {
 }
 
 pub struct Job {
+    /// The request's id, for the access log.
+    pub id: String,
     pub prompt: Vec<u32>,
+    /// The prompt's text for the access log (`--log-prompts`), else None.
+    pub prompt_text: Option<String>,
     pub params: GenParams,
     pub events: Sender<Event>,
-    /// Set by the connection when its client disconnects.
+    /// Set by the connection when its client disconnects (or its deadline
+    /// passed while it waited).
     pub cancel: Arc<AtomicBool>,
+    pub received: Instant,
+}
+
+impl Job {
+    fn deadline(&self) -> Option<Instant> {
+        self.params.timeout.map(|s| self.received + std::time::Duration::from_secs_f64(s))
+    }
 }
 
 /// The submitting side of the worker's queue.
 #[derive(Clone)]
 pub struct Queue {
     tx: SyncSender<Job>,
-    /// Jobs accepted but not yet started.
-    pub waiting: Arc<AtomicUsize>,
-    /// True while a job is running.
-    pub busy: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Queue {
     /// Enqueues `job`; false (and the job dropped) when the queue is full.
     pub fn submit(&self, job: Job) -> bool {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
         match self.tx.try_send(job) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
                 false
             }
         }
     }
 }
 
+/// A request in a slot.
+struct Active {
+    job: Job,
+    /// Admission order: the oldest request's prompt goes first.
+    order: u64,
+    /// Prompt tokens reused from the slot's cache.
+    cached: usize,
+    /// Where the next prompt chunk starts (== prompt length once it is in).
+    next_prompt: usize,
+    /// Once the prompt is in: sampling and text.
+    decoding: Option<Decoding>,
+    /// The token sampled last, to run in the next step.
+    pending: Option<u32>,
+    admitted: Instant,
+    prompt_done: Option<Instant>,
+    last_token: Option<Instant>,
+    /// For the logprobs' text offsets: the characters of the generated bytes
+    /// so far (the same holdback as the text), and the token before.
+    chars: TextStream,
+    n_chars: usize,
+    prev: Option<u32>,
+}
+
+struct Slot {
+    seq: Sequence,
+    /// When it last finished a request (a step count): the idle longest is reused first.
+    idle_since: u64,
+    active: Option<Active>,
+}
+
+/// What one slot puts into a step.
+struct Part {
+    slot: usize,
+    tokens: Vec<u32>,
+    want: LogitsFor,
+}
+
 pub struct Engine {
-    generator: Generator,
+    model: Arc<Model>,
+    slots: Vec<Slot>,
+    /// Prompt tokens per step, over all slots.
+    batch: usize,
     tokenizer: Arc<Tokenizer>,
     stop_ids: Vec<u32>,
+    metrics: Arc<Metrics>,
+    steps: u64,
+    admitted: u64,
 }
 
 impl Engine {
-    pub fn new(generator: Generator, tokenizer: Arc<Tokenizer>) -> Engine {
+    /// One slot per sequence in `sequences`.
+    pub fn new(model: Arc<Model>, sequences: Vec<Sequence>, batch: usize, tokenizer: Arc<Tokenizer>) -> Engine {
+        assert!(batch > 0 && !sequences.is_empty());
         let stop_ids = tokenizer.eos_id().into_iter().chain(tokenizer.eot_id()).collect();
-        Engine { generator, tokenizer, stop_ids }
+        let metrics = Arc::new(Metrics::new(sequences.len()));
+        let slots = sequences.into_iter().map(|seq| Slot { seq, idle_since: 0, active: None }).collect();
+        Engine { model, slots, batch, tokenizer, stop_ids, metrics, steps: 0, admitted: 0 }
     }
 
     /// Starts the worker on a thread of `pool` (so the forward pass's
     /// parallel loops start from inside the pool); up to `max_queue` jobs
-    /// wait behind the running one.
+    /// wait while every slot is busy.
     pub fn spawn(mut self, pool: &rayon::ThreadPool, max_queue: usize) -> Queue {
         let (tx, rx) = sync_channel::<Job>(max_queue);
-        let queue = Queue { tx, waiting: Arc::new(AtomicUsize::new(0)), busy: Arc::new(AtomicBool::new(false)) };
-        let (waiting, busy) = (queue.waiting.clone(), queue.busy.clone());
-        pool.spawn(move || self.work(rx, &waiting, &busy));
+        let queue = Queue { tx, metrics: self.metrics.clone() };
+        pool.spawn(move || self.work(rx));
         queue
     }
 
-    fn work(&mut self, rx: Receiver<Job>, waiting: &AtomicUsize, busy: &AtomicBool) {
-        while let Ok(job) = rx.recv() {
-            busy.store(true, Ordering::SeqCst);
-            waiting.fetch_sub(1, Ordering::SeqCst);
-            if !job.cancel.load(Ordering::SeqCst) {
-                // A panic would be a bug in the model code; it fails this request, not the server.
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(&job)))
-                    .unwrap_or_else(|_| Err("internal error during generation (see the server log)".into()));
-                if let Err(e) = result {
-                    // The cache may be half-written: forget it.
-                    self.generator.reset();
-                    super::log(&format!("krafla: request failed: {e}"));
-                    let _ = job.events.send(Event::Error(e));
+    fn work(&mut self, rx: Receiver<Job>) {
+        loop {
+            // Wait for work when there is none; else take what fits without waiting.
+            if self.slots.iter().all(|s| s.active.is_none()) {
+                match rx.recv() {
+                    Ok(job) => self.admit(job),
+                    Err(_) => return,
                 }
             }
-            busy.store(false, Ordering::SeqCst);
+            while self.slots.iter().any(|s| s.active.is_none()) {
+                match rx.try_recv() {
+                    Ok(job) => self.admit(job),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            }
+            self.let_go();
+            self.step();
         }
     }
 
-    /// Runs one job to its end, sending events as it goes.
-    fn run(&mut self, job: &Job) -> Result<(), String> {
-        let t0 = Instant::now();
+    /// Puts `job` into the free slot holding the longest prefix of its prompt.
+    fn admit(&mut self, job: Job) {
+        self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+        if job.cancel.load(Ordering::SeqCst) {
+            return;
+        }
+        let ctx = self.slots[0].seq.state().ctx;
         let p = &job.prompt;
-        let params = &job.params;
-        let ctx = self.generator.state().ctx;
-        if p.is_empty() {
-            return Err("the prompt is empty".into());
+        if p.is_empty() || p.len() > ctx {
+            let e = if p.is_empty() {
+                "the prompt is empty".to_string()
+            } else {
+                format!("the prompt has {} tokens, more than the context of {ctx}", p.len())
+            };
+            let _ = job.events.send(Event::Error(e));
+            return;
         }
-        if p.len() > ctx {
-            return Err(format!("the prompt has {} tokens, more than the context of {ctx}", p.len()));
-        }
-        let send = |e: Event| job.events.send(e).is_ok();
-        let cancelled = || job.cancel.load(Ordering::SeqCst);
-        let cached = self.generator.reuse_prefix(p);
-        if !send(Event::Started) {
-            return Ok(());
-        }
-        let Some(logits) = self.generator.prefill(&p[cached..], LogitsFor::Last, &cancelled)? else {
-            return Ok(());
+        // A slot continues a conversation when the prompt covers at least half of what it
+        // holds (llama.cpp's --slot-prompt-similarity 0.5): the longest such prefix wins.
+        // Otherwise the slot idle longest (an empty one first), so that a new
+        // conversation does not evict the cache of one that shares only a few tokens.
+        let free = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_none());
+        let continues = free
+            .clone()
+            .map(|i| (self.slots[i].seq.common_prefix(p), i))
+            .filter(|&(n, i)| n > 0 && 2 * n >= self.slots[i].seq.cached().len())
+            .max_by_key(|&(n, i)| (n, std::cmp::Reverse(self.slots[i].idle_since)));
+        let oldest = free.min_by_key(|&i| (!self.slots[i].seq.cached().is_empty(), self.slots[i].idle_since));
+        let Some(i) = continues.map(|(_, i)| i).or(oldest) else {
+            unreachable!("admit is called only with a free slot");
         };
-        let t1 = Instant::now();
+        if job.events.send(Event::Started).is_err() {
+            return;
+        }
+        let slot = &mut self.slots[i];
+        let cached = slot.seq.reuse_prefix(p);
+        self.admitted += 1;
+        slot.active = Some(Active {
+            job,
+            order: self.admitted,
+            cached,
+            next_prompt: cached,
+            decoding: None,
+            pending: None,
+            admitted: Instant::now(),
+            prompt_done: None,
+            last_token: None,
+            chars: TextStream::new(Vec::new()),
+            n_chars: 0,
+            prev: None,
+        });
+        self.metrics.busy.fetch_add(1, Ordering::SeqCst);
+    }
 
-        let decode = DecodeParams {
-            max_tokens: params.max_tokens,
-            sampler: SamplerConfig {
-                temperature: params.temperature,
-                top_k: params.top_k,
-                top_p: params.top_p,
-                min_p: params.min_p,
-                repeat_penalty: params.repeat_penalty,
-                seed: params.seed,
-                ..Default::default()
-            },
-            stop_ids: self.stop_ids.clone(),
-            stop_strings: params.stop.clone(),
-        };
-        let tokenizer = self.tokenizer.clone();
-        // Characters of the generated bytes so far, for the logprobs' text offsets: the same
-        // holdback as the text (an unfinished character is not counted until it completes).
-        let mut chars = TextStream::new(Vec::new());
-        let (mut n_chars, mut prev) = (0usize, None);
-        let done = self.generator.decode(logits, p, &decode, Some(&tokenizer), &mut |t: Token| {
-            let logprobs = params.logprobs.map(|k| {
-                let lp = logprobs(&tokenizer, t.logits, t.id, k, n_chars);
-                n_chars += chars.push(&tokenizer.decode_piece(prev, t.id)).0.chars().count();
-                lp
-            });
-            prev = Some(t.id);
-            send(Event::Delta { text: t.text.to_string(), logprobs }) && !cancelled()
-        })?;
-        let generated = done.tokens.len();
-        if done.finish != Finish::Cancelled {
-            if !done.tail.is_empty() {
-                send(Event::Delta { text: done.tail, logprobs: None });
+    /// Frees the slots of requests whose client went away or whose deadline passed.
+    fn let_go(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.slots.len() {
+            let Some(a) = &self.slots[i].active else { continue };
+            if a.job.cancel.load(Ordering::SeqCst) {
+                self.end(i, Finish::Cancelled);
+            } else if a.job.deadline().is_some_and(|d| now >= d) {
+                // Like llama.cpp's time limit: the answer so far, cut as by a token limit.
+                self.end(i, Finish::Length);
             }
-            send(Event::Done {
-                finish: done.finish,
-                prompt_tokens: p.len(),
+        }
+    }
+
+    /// One forward pass: every decoding slot's next token, then prompt
+    /// chunks of the others, oldest request first, up to `batch` tokens.
+    fn step(&mut self) {
+        let mut order: Vec<(u64, usize)> =
+            self.slots.iter().enumerate().filter_map(|(i, s)| s.active.as_ref().map(|a| (a.order, i))).collect();
+        order.sort_unstable();
+        let mut parts = Vec::new();
+        let mut budget = self.batch;
+        for &(_, i) in &order {
+            let a = self.slots[i].active.as_ref().expect("listed as active");
+            if let Some(t) = a.pending {
+                parts.push(Part { slot: i, tokens: vec![t], want: LogitsFor::Last });
+            } else if a.decoding.is_none() && budget > 0 {
+                let end = a.job.prompt.len().min(a.next_prompt + budget);
+                let want = if end == a.job.prompt.len() { LogitsFor::Last } else { LogitsFor::None };
+                budget -= end - a.next_prompt;
+                parts.push(Part { slot: i, tokens: a.job.prompt[a.next_prompt..end].to_vec(), want });
+            }
+        }
+        if parts.is_empty() {
+            return;
+        }
+        self.metrics.step(parts.len());
+        self.steps += 1;
+        let result = {
+            let mut seqs: Vec<Option<&mut Sequence>> = self.slots.iter_mut().map(|s| Some(&mut s.seq)).collect();
+            let mut batch: Vec<(&mut Sequence, &[u32], LogitsFor)> = parts
+                .iter()
+                .map(|p| (seqs[p.slot].take().expect("one part per slot"), &p.tokens[..], p.want))
+                .collect();
+            let model = &self.model;
+            // A panic would be a bug in the model code; it fails these requests, not the server.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| forward_sequences(model, &mut batch)))
+                .unwrap_or_else(|_| Err("internal error during generation (see the server log)".into()))
+        };
+        match result {
+            Ok(logits) => {
+                for (part, logits) in parts.iter().zip(logits) {
+                    self.advance(part, logits);
+                }
+            }
+            Err(e) => {
+                super::log(&format!("krafla: a step of {} sequences failed: {e}", parts.len()));
+                for part in &parts {
+                    // The caches may be half-written: forget them.
+                    self.slots[part.slot].seq.reset();
+                    if let Some(a) = self.slots[part.slot].active.take() {
+                        self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
+                        let _ = a.job.events.send(Event::Error(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A slot's part of the step ran: the next prompt chunk, or a token to sample.
+    fn advance(&mut self, part: &Part, logits: Vec<f32>) {
+        let now = Instant::now();
+        let ignore_eos = self.slots[part.slot].active.as_ref().is_some_and(|a| a.job.params.ignore_eos);
+        let stop_ids = if ignore_eos { Vec::new() } else { self.stop_ids.clone() };
+        let slot = &mut self.slots[part.slot];
+        let room = slot.seq.has_room();
+        let a = slot.active.as_mut().expect("a part comes from an active slot");
+        if a.decoding.is_none() {
+            a.next_prompt += part.tokens.len();
+            if part.want == LogitsFor::None {
+                return;
+            }
+            a.decoding = Some(Decoding::new(&a.job.prompt, &decode_params(&a.job.params, stop_ids)));
+            a.prompt_done = Some(now);
+        }
+        a.pending = None;
+        let decoding = a.decoding.as_mut().expect("set above");
+        let tokenizer = &*self.tokenizer;
+        match decoding.next(&logits, Some(tokenizer), room) {
+            Next::End(finish) => self.end(part.slot, finish),
+            Next::Token { id, text, finish } => {
+                let logprobs = a.job.params.logprobs.map(|k| {
+                    let lp = logprobs(tokenizer, &logits, id, k, a.n_chars);
+                    a.n_chars += a.chars.push(&tokenizer.decode_piece(a.prev, id)).0.chars().count();
+                    lp
+                });
+                a.prev = Some(id);
+                match a.last_token {
+                    None => {
+                        let prompt_took = now - a.admitted;
+                        let evaluated = a.job.prompt.len() - a.cached;
+                        self.metrics.prompt_done(evaluated, a.cached, prompt_took, now - a.job.received);
+                        self.metrics.first_token();
+                    }
+                    Some(t) => self.metrics.token(now - t),
+                }
+                a.last_token = Some(now);
+                let sent = a.job.events.send(Event::Delta { text, logprobs }).is_ok();
+                if !sent || a.job.cancel.load(Ordering::SeqCst) {
+                    self.end(part.slot, Finish::Cancelled);
+                } else if let Some(finish) = finish {
+                    self.end(part.slot, finish);
+                } else {
+                    a.pending = Some(id);
+                }
+            }
+        }
+    }
+
+    /// Ends slot `i`'s request: the held-back text and the usage (unless
+    /// cancelled), the access log line; the slot is free again.
+    fn end(&mut self, i: usize, finish: Finish) {
+        let slot = &mut self.slots[i];
+        let Some(a) = slot.active.take() else { return };
+        slot.idle_since = self.steps;
+        self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
+        let p_len = a.job.prompt.len();
+        let (generated, tail) = match a.decoding {
+            Some(d) => {
+                let done = d.finish(finish);
+                (done.tokens.len(), done.tail)
+            }
+            None => (0, String::new()),
+        };
+        if finish != Finish::Cancelled {
+            if !tail.is_empty() {
+                let _ = a.job.events.send(Event::Delta { text: tail, logprobs: None });
+            }
+            let _ = a.job.events.send(Event::Done {
+                finish,
+                prompt_tokens: p_len,
                 completion_tokens: generated,
-                cached_tokens: cached,
+                cached_tokens: a.cached,
             });
         }
-        let (prompt_s, gen_s) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        let now = Instant::now();
+        let ttft = a.prompt_done.map_or("-".to_string(), |t| format!("{:.3} s", (t - a.job.received).as_secs_f64()));
+        let rate = match (a.prompt_done, a.last_token) {
+            (Some(first), Some(last)) if generated > 1 => {
+                format!("{:.1}", (generated - 1) as f64 / (last - first).as_secs_f64().max(1e-9))
+            }
+            _ => "-".to_string(),
+        };
+        let prompt = a.job.prompt_text.as_ref().map_or(String::new(), |t| format!(", prompt {t:?}"));
         super::log(&format!(
-            "krafla: prompt {} tokens ({cached} cached, {:.1} tokens/s), generated {generated} tokens ({:.1} tokens/s), finish {}",
-            p.len(),
-            (p.len() - cached) as f64 / prompt_s.max(1e-9),
-            generated as f64 / gen_s.max(1e-9),
-            done.finish.as_str()
+            "krafla: request {}: prompt {p_len} tokens ({} cached), generated {generated} tokens, ttft {ttft}, \
+             {rate} tokens/s, total {:.3} s, finish {}{prompt}",
+            a.job.id,
+            a.cached,
+            (now - a.job.received).as_secs_f64(),
+            finish.as_str()
         ));
-        Ok(())
+    }
+}
+
+fn decode_params(params: &GenParams, stop_ids: Vec<u32>) -> DecodeParams {
+    DecodeParams {
+        max_tokens: params.max_tokens,
+        sampler: SamplerConfig {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            repeat_penalty: params.repeat_penalty,
+            seed: params.seed,
+            ..Default::default()
+        },
+        stop_ids,
+        stop_strings: params.stop.clone(),
     }
 }
 

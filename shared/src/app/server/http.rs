@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 const MAX_HEAD: usize = 32 * 1024;
 const MAX_HEADERS: usize = 64;
 
+#[derive(Clone, Copy)]
 pub struct Limits {
     pub max_body: usize,
     /// Deadline for receiving the whole request, and timeout of each write.

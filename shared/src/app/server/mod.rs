@@ -10,25 +10,27 @@
 //! until a write fails, whereas we must notice a disconnect within one token
 //! (we peek the socket between tokens). A full async stack (hyper + tokio)
 //! would add ~40 crates and minutes of build time on two cores for a server
-//! that runs one generation at a time. What we write ourselves is only
-//! framing: Content-Length bodies (chunked request bodies get 411), and
-//! chunked transfer encoding for streamed answers.
+//! whose connections mostly wait for one generation worker. What we write
+//! ourselves is only framing: Content-Length bodies (chunked request bodies
+//! get 411), and chunked transfer encoding for streamed answers.
 //!
 //! Modules: `http` (socket I/O, limits, timeouts), `api` (OpenAI request
-//! validation and answer shapes), `engine` (the single generation worker
-//! around `generate::Generator`), `serve` (one generation request from queue
-//! to answer). Conversations are formatted by `crate::chat`.
+//! validation and answer shapes), `engine` (the generation worker: the
+//! `--parallel` slots decoded in one batch), `serve` (one generation request
+//! from queue to answer), `metrics` (`/metrics`). Conversations are
+//! formatted by `crate::chat`.
 
 pub(crate) mod api;
 mod engine;
 pub(crate) mod http;
+mod metrics;
 mod serve;
 
 use std::ffi::OsString;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Parser;
@@ -36,7 +38,7 @@ use serde_json::json;
 
 use super::options::{startup_line, RunArgs};
 use crate::chat::Template;
-use crate::generate::Generator;
+use crate::generate::Sequence;
 use crate::kernels::ISA;
 use crate::tokenizer::Tokenizer;
 use api::ApiError;
@@ -70,9 +72,21 @@ pub struct ServerArgs {
     /// Allow browser pages from this origin (e.g. http://localhost:3000, or *) to call the API.
     #[arg(long)]
     pub cors_origin: Option<String>,
-    /// Requests that may wait while one generates (0 to 4096); more get 503.
+    /// Requests decoded together, each in a slot with its own KV cache of --ctx positions
+    /// (default: 4, fewer if their KV caches would take more than half the available memory).
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
+    /// Requests that may wait while every slot is busy (0 to 4096); more get 503.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
+    /// Seconds a request may take from its arrival to its last token (0: no limit); a request
+    /// may ask for less with the `timeout` field. Waiting past it gets 503; generating past it
+    /// ends the answer with finish_reason "length".
+    #[arg(long, default_value_t = 0.0, value_name = "SECS")]
+    pub request_timeout: f64,
+    /// Put each request's prompt text in its access log line.
+    #[arg(long)]
+    pub log_prompts: bool,
     /// Largest request body in bytes (at least 1); larger gets 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -83,6 +97,10 @@ pub struct ServerArgs {
 
 /// The most requests `--max-queue` lets wait (each waiting request holds a thread).
 const MAX_QUEUE: usize = 4096;
+/// The most slots `--parallel` gives.
+const MAX_PARALLEL: usize = 256;
+/// The default `--parallel`.
+const DEFAULT_PARALLEL: usize = 4;
 /// The longest `--read-timeout`: a day.
 const MAX_READ_TIMEOUT: u64 = 86_400;
 
@@ -99,6 +117,12 @@ impl ServerArgs {
         }
         if self.max_queue > MAX_QUEUE {
             return Err(format!("--max-queue must be from 0 to {MAX_QUEUE}"));
+        }
+        if self.parallel.is_some_and(|n| !(1..=MAX_PARALLEL).contains(&n)) {
+            return Err(format!("--parallel must be from 1 to {MAX_PARALLEL}"));
+        }
+        if !(self.request_timeout.is_finite() && (0.0..=MAX_READ_TIMEOUT as f64).contains(&self.request_timeout)) {
+            return Err(format!("--request-timeout must be from 0 to {MAX_READ_TIMEOUT} seconds"));
         }
         Ok(())
     }
@@ -123,6 +147,9 @@ pub(crate) struct Server {
     pub model_id: String,
     pub created: u64,
     pub fingerprint: String,
+    /// `--request-timeout` (None: no limit).
+    pub request_timeout: Option<f64>,
+    pub log_prompts: bool,
     api_key: Option<String>,
     cors_origin: Option<String>,
     limits: Limits,
@@ -145,6 +172,13 @@ pub(crate) fn unix_now() -> u64 {
 fn run(args: ServerArgs) -> Result<(), String> {
     args.check()?;
     let started = std::time::Instant::now();
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+    let addr = listener.local_addr().map_err(|e| format!("cannot read the listening address: {e}"))?;
+    let limits = Limits { max_body: args.max_body, timeout: Duration::from_secs(args.read_timeout) };
+    log(&format!("krafla: loading {}; http://{addr}/health answers 503 until it is ready", args.model.display()));
+    let loading = Loading::start(&listener, limits)?;
+
     let (file, tokenizer) = args.run.open(Some(&args.model))?;
     let file = file.ok_or("no model given")?;
     let tokenizer = tokenizer.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt, or a GGUF model)")?;
@@ -154,15 +188,17 @@ fn run(args: ServerArgs) -> Result<(), String> {
     let load_secs = started.elapsed().as_secs_f64();
     let vocab_size = model.config.vocab_size;
     let ctx = args.run.ctx(&model)?;
-    let state = args.run.state(&model, ctx)?;
-    let line = startup_line(&args.model, &model, load_secs, threads, ctx, &state, args.run.kv);
+    let first = args.run.state(&model, ctx)?;
+    let slot_bytes = first.bytes();
+    let parallel = args.parallel.unwrap_or_else(|| default_parallel(slot_bytes));
+    let line = startup_line(&args.model, &model, load_secs, threads, ctx, &first, args.run.kv);
+    let mut sequences = vec![Sequence::new(first)];
+    for _ in 1..parallel {
+        sequences.push(Sequence::new(args.run.state(&model, ctx)?));
+    }
     let tokenizer = Arc::new(tokenizer);
-    let generator = Generator::new(model, state, args.run.batch);
-    let queue = Engine::new(generator, tokenizer.clone()).spawn(&pool, args.max_queue);
+    let queue = Engine::new(model, sequences, args.run.batch, tokenizer.clone()).spawn(&pool, args.max_queue);
 
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
-    let addr = listener.local_addr().map_err(|e| format!("cannot read the listening address: {e}"))?;
     let api_key = args.api_key.clone().or_else(|| std::env::var("KRAFLA_API_KEY").ok()).filter(|k| !k.is_empty());
     let model_id = args.alias.clone().unwrap_or_else(|| {
         args.model.file_name().map_or_else(|| args.model.display().to_string(), |n| n.to_string_lossy().into_owned())
@@ -177,25 +213,37 @@ fn run(args: ServerArgs) -> Result<(), String> {
         model_id,
         created: unix_now(),
         fingerprint: format!("krafla-{}-{ISA}", env!("CARGO_PKG_VERSION")),
+        request_timeout: (args.request_timeout > 0.0).then_some(args.request_timeout),
+        log_prompts: args.log_prompts,
         api_key,
         cors_origin: args.cors_origin.clone(),
-        limits: Limits { max_body: args.max_body, timeout: Duration::from_secs(args.read_timeout) },
+        limits,
         connections: AtomicUsize::new(0),
-        max_connections: args.max_queue + 64,
+        max_connections: args.max_queue + 64 + parallel,
     });
     log(&line);
+    let mib = |b: usize| b as f64 / 1048576.0;
+    log(&format!(
+        "krafla: {parallel} slot{} (--parallel) of {ctx} positions, KV cache {:.1} MiB per slot, {:.1} MiB in total; \
+         up to {} prompt tokens per step (--batch)",
+        if parallel == 1 { "" } else { "s" },
+        mib(slot_bytes),
+        mib(slot_bytes * parallel),
+        args.run.batch
+    ));
     if !addr.ip().is_loopback() && server.api_key.is_none() {
         log(&format!(
             "krafla: warning: listening on {} without --api-key: anyone who can reach it can use it",
             addr.ip()
         ));
     }
+    let pending = loading.finish(addr);
     log(&format!(
         "krafla: model id '{}', chat template {}, listening on http://{addr}/v1 (chat page: http://{addr}/)",
         server.model_id,
         server.template.map_or("none", Template::name)
     ));
-    for conn in listener.incoming() {
+    for conn in pending.into_iter().map(Ok).chain(listener.incoming()) {
         let Ok(stream) = conn else { continue };
         let srv = server.clone();
         srv.connections.fetch_add(1, Ordering::SeqCst);
@@ -210,6 +258,82 @@ fn run(args: ServerArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `--parallel`'s default: 4 slots, fewer when their KV caches would take
+/// more than half the memory available (Linux's MemAvailable), at least one.
+fn default_parallel(slot_bytes: usize) -> usize {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib.saturating_mul(1024))
+    });
+    match available {
+        Some(bytes) => (bytes / 2 / slot_bytes.max(1)).clamp(1, DEFAULT_PARALLEL),
+        None => DEFAULT_PARALLEL,
+    }
+}
+
+/// The listener's accept loop while the model loads: every request gets 503
+/// (`/health` says "loading"), so that a load balancer or a readiness probe
+/// can tell a loading replica from a dead one.
+struct Loading {
+    ready: Arc<AtomicBool>,
+    handed_over: mpsc::Receiver<TcpStream>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Loading {
+    fn start(listener: &TcpListener, limits: Limits) -> Result<Loading, String> {
+        let listener = listener.try_clone().map_err(|e| format!("cannot share the listening socket: {e}"))?;
+        let ready = Arc::new(AtomicBool::new(false));
+        let (tx, handed_over) = mpsc::channel();
+        let flag = ready.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(stream) = conn else { continue };
+                if flag.load(Ordering::SeqCst) {
+                    // The first connection after loading: the server's loop takes it.
+                    let _ = tx.send(stream);
+                    return;
+                }
+                let _ = std::thread::Builder::new().name("krafla-loading".into()).spawn(move || {
+                    answer_while_loading(stream, &limits);
+                });
+            }
+        });
+        Ok(Loading { ready, handed_over, thread })
+    }
+
+    /// Stops the loading loop (waking it with a connection of our own) and
+    /// returns the connection it took last, for the server's loop.
+    fn finish(self, addr: std::net::SocketAddr) -> Option<TcpStream> {
+        self.ready.store(true, Ordering::SeqCst);
+        let wake_addr = match addr.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => (std::net::Ipv4Addr::LOCALHOST, addr.port()).into(),
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => (std::net::Ipv6Addr::LOCALHOST, addr.port()).into(),
+            _ => addr,
+        };
+        let wake = TcpStream::connect_timeout(&wake_addr, Duration::from_secs(5));
+        let taken = self.handed_over.recv().ok();
+        drop(wake);
+        let _ = self.thread.join();
+        taken
+    }
+}
+
+fn answer_while_loading(mut stream: TcpStream, limits: &Limits) {
+    let _ = stream.set_write_timeout(Some(limits.timeout));
+    let Ok(req) = http::read_request(&mut stream, limits) else { return };
+    let mut resp = if req.path.trim_end_matches('/') == "/health" {
+        Response::json(503, &json!({"status": "loading"}))
+    } else {
+        error_response(&ApiError::new(503, "loading", "the model is loading; retry shortly"))
+    };
+    if !resp.headers.iter().any(|(k, _)| k == "Retry-After") {
+        resp.headers.push(("Retry-After".into(), "1".into()));
+    }
+    let _ = http::write_response(&mut stream, &resp, &[], req.method != "HEAD");
+    http::drain_and_close(stream);
+}
+
 impl Server {
     /// Headers on every answer: CORS when allowed.
     fn common_headers(&self) -> Vec<(String, String)> {
@@ -220,12 +344,14 @@ impl Server {
     }
 
     pub(crate) fn send(&self, stream: &mut TcpStream, resp: &Response) {
+        self.queue.metrics.answered(resp.status);
         let _ = http::write_response(stream, resp, &self.common_headers(), true);
     }
 
     /// The answer to a HEAD request: the head GET would get (its Content-Length
     /// included), without the body.
     fn send_head(&self, stream: &mut TcpStream, resp: &Response) {
+        self.queue.metrics.answered(resp.status);
         let _ = http::write_response(stream, resp, &self.common_headers(), false);
     }
 
@@ -328,12 +454,25 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
     // Unauthenticated: liveness, and the static chat page (it holds no data; its API calls carry the key).
     match (method, path) {
         ("GET", "/health") => {
+            let m = &srv.queue.metrics;
+            let busy = m.busy.load(Ordering::SeqCst);
             let body = json!({
                 "status": "ok",
-                "busy": srv.queue.busy.load(Ordering::SeqCst),
-                "queued": srv.queue.waiting.load(Ordering::SeqCst),
+                "slots_total": m.slots,
+                "slots_busy": busy,
+                "slots_idle": m.slots.saturating_sub(busy),
+                "queued": m.waiting.load(Ordering::SeqCst),
             });
             return Answer::Send(Response::json(200, &body));
+        }
+        // Prometheus' scrape: counters only, no request content.
+        ("GET", "/metrics") => {
+            return Answer::Send(Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                headers: Vec::new(),
+                body: srv.queue.metrics.render().into_bytes(),
+            });
         }
         ("GET", "" | "/index.html") => {
             return Answer::Send(Response {
@@ -374,7 +513,7 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
         )),
         ("POST", "/v1/chat/completions") => Answer::Generate { chat: true },
         ("POST", "/v1/completions") => Answer::Generate { chat: false },
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health") => {
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
             Answer::Fail(ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)))
         }
         _ => Answer::Fail(ApiError::new(404, "not_found", format!("no such endpoint: {method} {}", req.path))),

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -34,8 +34,9 @@ fn unique() -> u64 {
 }
 
 pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
+    let received = Instant::now();
     match prepare(srv, req, chat) {
-        Ok((greq, ids)) => run(srv, stream, req, greq, ids),
+        Ok((greq, ids)) => run(srv, stream, req, greq, ids, received),
         Err(e) => srv.send_error(stream, &e),
     }
 }
@@ -81,6 +82,11 @@ fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u
     }
     // g tokens need the prompt and g - 1 of them in the cache.
     greq.params.max_tokens = greq.token_limit(srv.ctx - ids.len() + 1);
+    // The request's own deadline, within the server's.
+    greq.params.timeout = match (greq.params.timeout, srv.request_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Ok((greq, ids))
 }
 
@@ -88,33 +94,41 @@ fn sse(v: &Value) -> Vec<u8> {
     format!("data: {v}\n\n").into_bytes()
 }
 
-fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, ids: Vec<u32>) {
+fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, ids: Vec<u32>, received: Instant) {
     let chat = greq.chat;
-    let (tx, rx) = channel();
-    let cancel = Arc::new(AtomicBool::new(false));
-    let job = Job { prompt: ids, params: greq.params.clone(), events: tx, cancel: cancel.clone() };
-    if !srv.queue.submit(job) {
-        let n = srv.queue.waiting.load(Ordering::SeqCst);
-        return srv.send_error(
-            stream,
-            &ApiError::new(
-                503,
-                "queue_full",
-                format!("the server is busy: one request is generating and {n} are waiting (--max-queue); retry later"),
-            ),
-        );
-    }
     let meta = Meta {
         id: format!("{}-{:016x}", if chat { "chatcmpl" } else { "cmpl" }, unique()),
         created: unix_now(),
         model: srv.model_id.clone(),
         fingerprint: srv.fingerprint.clone(),
     };
+    let (tx, rx) = channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
+    let job = Job {
+        id: meta.id.clone(),
+        prompt_text: srv.log_prompts.then(|| String::from_utf8_lossy(&srv.tokenizer.decode(&ids)).into_owned()),
+        prompt: ids,
+        params: greq.params.clone(),
+        events: tx,
+        cancel: cancel.clone(),
+        received,
+    };
+    if !srv.queue.submit(job) {
+        let m = &srv.queue.metrics;
+        let msg = format!(
+            "the server is busy: all {} slots are generating and {} requests are waiting (--max-queue); retry later",
+            m.slots,
+            m.waiting.load(Ordering::SeqCst)
+        );
+        return srv.send_error(stream, &ApiError::new(503, "queue_full", msg));
+    }
     // Set when the client went away: the worker stops before its next token.
     let hang_up = || cancel.store(true, Ordering::SeqCst);
 
     let common = srv.common_headers();
     let mut writer = if greq.stream {
+        srv.queue.metrics.answered(200);
         match StreamWriter::start(stream, "text/event-stream", &common, req.http10) {
             Ok(w) => Some(w),
             Err(_) => return hang_up(),
@@ -122,6 +136,7 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
     } else {
         None
     };
+    let mut started = false;
     let want_logprobs = greq.params.logprobs.is_some();
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
@@ -132,6 +147,24 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
             Err(RecvTimeoutError::Timeout) => {
                 if http::peer_closed(stream) {
                     return hang_up();
+                }
+                if !started && deadline.is_some_and(|d| Instant::now() >= d) {
+                    // Its deadline passed while it waited for a slot: the worker will skip it.
+                    hang_up();
+                    let e = ApiError::new(
+                        503,
+                        "timeout",
+                        "the request's deadline passed before a slot was free; retry later",
+                    );
+                    match writer {
+                        Some(mut w) => {
+                            let _ = w.send(&sse(&e.to_json()));
+                            let _ = w.send(b"data: [DONE]\n\n");
+                            let _ = w.end();
+                        }
+                        None => srv.send_error(stream, &e),
+                    }
+                    return;
                 }
                 continue;
             }
@@ -150,6 +183,7 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
         };
         match ev {
             Event::Started => {
+                started = true;
                 if let (Some(w), true) = (writer.as_mut(), chat) {
                     // OpenAI's first chat chunk: the role and empty content.
                     if w.send(&sse(&meta.chunk(true, Some(""), true, None, None, greq.include_usage))).is_err() {
