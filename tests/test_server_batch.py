@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,7 +100,7 @@ def test_each_sequence_is_bit_identical_to_its_solo_run(batch_server):
     steps = after["krafla:n_decode_total"] - before["krafla:n_decode_total"]
     seqs = after["krafla:n_decode_sequences_total"] - before["krafla:n_decode_sequences_total"]
     assert seqs / steps > 1.5, (seqs, steps)
-    for i, (alone, shared) in enumerate(zip(solo, together)):
+    for i, (alone, shared) in enumerate(zip(solo, together, strict=True)):
         assert "".join(alone[0]) and alone[2] == "length"
         # JSON floats are shortest round-trip: equal values are equal bits.
         assert shared == alone, f"prompt {i} differs when it shares the batch"
