@@ -3,6 +3,7 @@ its solo run; a conversation returns to the slot holding its prefix; the queue b
 deadlines and disconnects; `/metrics` read by Prometheus' own parser; `/health` while loading; the
 access log line. SmolLM2-135M-Instruct in Q4_0, driven by the real `openai` client."""
 import json
+import pathlib
 import re
 import subprocess
 import threading
@@ -221,3 +222,54 @@ def test_health_says_loading_until_the_model_is_ready(tmp_path, smollm2_gguf):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def byte_tokenizer(tmp_path):
+    """A byte-level BPE tokenizer of 256 byte tokens and an end token (.mlt), within the tiny
+    fixtures' vocabulary of 512: enough for the server to run them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "bytes.mlt"
+    subprocess.run(["python3", "tools/convert_tokenizer.py", tmp_path / "tokenizer.json", "-o", out],
+                   check=True, cwd=pathlib.Path(__file__).parent.parent)
+    return out
+
+
+def test_every_family_batched_equals_solo(tmp_path, families_q8):
+    """Each tiny family (sliding windows, soft-caps, q/k norms, biases, Gated DeltaNet...): three
+    prompts of different lengths, read 4 tokens per step, concurrently and alone: same logprobs."""
+    tok = byte_tokenizer(tmp_path)
+    for family, (mlb, ids) in families_q8.items():
+        ids = [int(i) % 256 for i in ids.split(",")]
+        prompts = [ids, ids[: len(ids) // 2] + [7, 8, 9], list(reversed(ids))[:5]]
+        srv = Server(tmp_path, (mlb, tok), "--ctx", 128, "--parallel", 3, "--batch", 4, key=None)
+        try:
+            body = dict(max_tokens=6, temperature=0, logprobs=5, ignore_eos=True)
+
+            def ask(p, srv=srv, body=body):
+                st, _, data = srv.raw("POST", "/v1/completions", dict(body, prompt=p), timeout=60)
+                assert st == 200, data
+                return json.loads(data)["choices"][0]["logprobs"]
+
+            solo = [ask(p) for p in prompts]
+            together = [None] * len(prompts)
+            barrier = threading.Barrier(len(prompts))
+
+            def run(i, barrier=barrier, together=together, prompts=prompts):
+                barrier.wait()
+                together[i] = ask(prompts[i])
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert together == solo, f"{family}: a sequence differs when it shares the batch"
+        finally:
+            srv.stop()
