@@ -273,3 +273,31 @@ def test_every_family_batched_equals_solo(tmp_path, families_q8):
             assert together == solo, f"{family}: a sequence differs when it shares the batch"
         finally:
             srv.stop()
+
+
+def test_max_queue_zero_still_fills_every_slot(tmp_path, files):
+    """--max-queue 0: no request waits, but every slot takes one; the next gets 503 at once."""
+    srv = Server(tmp_path, files, "--ctx", 256, "--parallel", 2, "--max-queue", 0, key=None)
+    try:
+        c = srv.client()
+        stream = c.completions.create(model="x", prompt="Once", max_tokens=200, temperature=0, stream=True,
+                                      extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it), next(it)
+        held = c.completions.create(model="x", prompt="Twice", max_tokens=200, temperature=0, stream=True,
+                                    extra_body={"ignore_eos": True})
+        next(iter(held))
+        assert health(srv)["slots_busy"] == 2
+        err = error_of(srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}), 503)
+        assert err["code"] == "queue_full"
+        stream.close()
+        held.close()
+        deadline = time.time() + 10
+        while health(srv)["slots_busy"]:
+            assert time.time() < deadline, "the slots were never freed"
+            time.sleep(0.02)
+        # Back to back: a slot is free again before its answer ends, so the next request never races it.
+        for _ in range(5):
+            assert c.completions.create(model="x", prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+    finally:
+        srv.stop()

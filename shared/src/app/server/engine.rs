@@ -16,8 +16,8 @@
 //! anything that could still become a stop string held back
 //! (`generate::TextStream`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -103,21 +103,30 @@ impl Job {
 /// The submitting side of the worker's queue.
 #[derive(Clone)]
 pub struct Queue {
-    tx: SyncSender<Job>,
+    tx: Sender<Job>,
+    /// Jobs accepted and not yet ended (waiting or in a slot), at most
+    /// slots + `max_queue`.
+    accepted: Arc<AtomicUsize>,
+    limit: usize,
     pub metrics: Arc<Metrics>,
 }
 
 impl Queue {
-    /// Enqueues `job`; false (and the job dropped) when the queue is full.
+    /// Enqueues `job`; false (and the job dropped) when every slot is busy
+    /// and `max_queue` jobs wait.
     pub fn submit(&self, job: Job) -> bool {
-        self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(job) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-                false
-            }
+        let admitted =
+            self.accepted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.limit).then_some(n + 1));
+        if admitted.is_err() {
+            return false;
         }
+        self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(job).is_err() {
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 }
 
@@ -166,6 +175,8 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     stop_ids: Vec<u32>,
     metrics: Arc<Metrics>,
+    /// The queue's count of accepted jobs: a job that ends leaves it.
+    accepted: Arc<AtomicUsize>,
     steps: u64,
     admitted: u64,
 }
@@ -177,15 +188,17 @@ impl Engine {
         let stop_ids = tokenizer.eos_id().into_iter().chain(tokenizer.eot_id()).collect();
         let metrics = Arc::new(Metrics::new(sequences.len()));
         let slots = sequences.into_iter().map(|seq| Slot { seq, idle_since: 0, active: None }).collect();
-        Engine { model, slots, batch, tokenizer, stop_ids, metrics, steps: 0, admitted: 0 }
+        let accepted = Arc::new(AtomicUsize::new(0));
+        Engine { model, slots, batch, tokenizer, stop_ids, metrics, accepted, steps: 0, admitted: 0 }
     }
 
     /// Starts the worker on a thread of `pool` (so the forward pass's
     /// parallel loops start from inside the pool); up to `max_queue` jobs
     /// wait while every slot is busy.
     pub fn spawn(mut self, pool: &rayon::ThreadPool, max_queue: usize) -> Queue {
-        let (tx, rx) = sync_channel::<Job>(max_queue);
-        let queue = Queue { tx, metrics: self.metrics.clone() };
+        let (tx, rx) = channel::<Job>();
+        let limit = self.slots.len() + max_queue;
+        let queue = Queue { tx, accepted: self.accepted.clone(), limit, metrics: self.metrics.clone() };
         pool.spawn(move || self.work(rx));
         queue
     }
@@ -214,6 +227,7 @@ impl Engine {
     fn admit(&mut self, job: Job) {
         self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
         if job.cancel.load(Ordering::SeqCst) {
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
             return;
         }
         let ctx = self.slots[0].seq.state().ctx;
@@ -224,6 +238,7 @@ impl Engine {
             } else {
                 format!("the prompt has {} tokens, more than the context of {ctx}", p.len())
             };
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
             let _ = job.events.send(Event::Error(e));
             return;
         }
@@ -242,6 +257,7 @@ impl Engine {
             unreachable!("admit is called only with a free slot");
         };
         if job.events.send(Event::Started).is_err() {
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
             return;
         }
         let slot = &mut self.slots[i];
@@ -326,6 +342,7 @@ impl Engine {
                     self.slots[part.slot].seq.reset();
                     if let Some(a) = self.slots[part.slot].active.take() {
                         self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
+                        self.accepted.fetch_sub(1, Ordering::SeqCst);
                         let _ = a.job.events.send(Event::Error(e.clone()));
                     }
                 }
@@ -389,7 +406,9 @@ impl Engine {
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.take() else { return };
         slot.idle_since = self.steps;
+        // Free before the answer ends, so that the client's next request finds room.
         self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
+        self.accepted.fetch_sub(1, Ordering::SeqCst);
         let p_len = a.job.prompt.len();
         let (generated, tail) = match a.decoding {
             Some(d) => {

@@ -127,15 +127,10 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
     let hang_up = || cancel.store(true, Ordering::SeqCst);
 
     let common = srv.common_headers();
-    let mut writer = if greq.stream {
-        srv.queue.metrics.answered(200);
-        match StreamWriter::start(stream, "text/event-stream", &common, req.http10) {
-            Ok(w) => Some(w),
-            Err(_) => return hang_up(),
-        }
-    } else {
-        None
-    };
+    // A stream's head goes out when its request gets a slot: until then it can
+    // still be answered with a plain error status (and a load balancer can
+    // still retry it elsewhere).
+    let mut writer: Option<StreamWriter> = None;
     let mut started = false;
     let want_logprobs = greq.params.logprobs.is_some();
     let mut text = String::new();
@@ -184,6 +179,13 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
         match ev {
             Event::Started => {
                 started = true;
+                if greq.stream {
+                    srv.queue.metrics.answered(200);
+                    match StreamWriter::start(stream, "text/event-stream", &common, req.http10) {
+                        Ok(w) => writer = Some(w),
+                        Err(_) => return hang_up(),
+                    }
+                }
                 if let (Some(w), true) = (writer.as_mut(), chat) {
                     // OpenAI's first chat chunk: the role and empty content.
                     if w.send(&sse(&meta.chunk(true, Some(""), true, None, None, greq.include_usage))).is_err() {
