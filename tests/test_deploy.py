@@ -352,7 +352,7 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
     # The clients hung up: replica 2 is free again at once (asked directly: a 503 through nginx
     # would count as one more failure of replica 2).
     deadline = time.time() + 10
-    while (h := health(r2))["busy"] or h["queued"]:
+    while (h := health(r2)).get("busy") or h.get("slots_busy") or h["queued"]:  # one slot / several
         assert time.time() < deadline, f"replica 2 stayed busy after its clients hung up: {h}"
         time.sleep(0.05)
     assert call({"model": "smol", "prompt": "Hi", "max_tokens": 2}, b_headers, "/v1/completions")[0] == 200
@@ -388,3 +388,16 @@ def test_kubernetes_manifest():
         assert c[probe]["httpGet"]["path"] == "/health" and c[probe]["httpGet"]["port"] == port
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
     assert svc["spec"]["ports"][0]["targetPort"] == port
+
+
+def test_deploy_md_quotes_the_config():
+    """Every nginx block in docs/DEPLOY.md is part of docs/deploy/nginx.conf (comments and blank lines aside)."""
+
+    def lines(text):
+        return "\n".join(s for ln in text.splitlines() if (s := ln.strip()) and not s.startswith("#"))
+
+    conf = lines((DEPLOY / "nginx.conf").read_text())
+    blocks = re.findall(r"```nginx\n(.*?)```", (REPO / "docs" / "DEPLOY.md").read_text(), re.S)
+    assert len(blocks) >= 5
+    for block in blocks:
+        assert lines(block) in conf, block
