@@ -205,23 +205,26 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
     lb, (r1, r2) = cluster
     t_start = time.time()
 
-    def served(before):
-        """(upstream addresses, upstream statuses) of the request that wrote access log line `before`."""
+    tags = iter(range(1_000_000))
+
+    def served(tag):
+        """(upstream addresses, upstream statuses) in the access log line of the request tagged `tag`."""
         deadline = time.time() + 5
-        while len(lines := lb.lines()) <= before:
-            assert time.time() < deadline, f"no access log line\n{lb.logs()}"
+        while not (found := [ln for ln in lb.lines() if f"?tag={tag} HTTP/" in ln]):
+            assert time.time() < deadline, f"no access log line for tag {tag}\n{lb.logs()}"
             time.sleep(0.01)
-        m = re.search(r" upstream=(.*?) upstream_status=(.*?) session=", lines[before])
-        assert m, lines[before]
+        m = re.search(r" upstream=(.*?) upstream_status=(.*?) session=", found[0])
+        assert m, found[0]
         return m.group(1).split(", "), m.group(2).split(", ")
 
     def call(body, headers=None, path="/v1/chat/completions"):
-        """(status, headers, decoded JSON, the replica address that answered, every address tried)."""
-        before = len(lb.lines())
+        """(status, headers, decoded JSON, the replica address that answered, every address tried).
+        A query string (which ml_server ignores) tags the request's access log line."""
+        tag = next(tags)
         t0 = time.time()
-        st, hdrs, data = request(lb.port, "POST", path, body, headers)
+        st, hdrs, data = request(lb.port, "POST", f"{path}?tag={tag}", body, headers)
         assert time.time() - t0 < 30, "a request took too long"
-        addrs, _ = served(before)
+        addrs, _ = served(tag)
         return st, hdrs, json.loads(data), addrs[-1], addrs
 
     def probe(session=None, user=None, pad=0):
