@@ -24,10 +24,9 @@ from conftest import REPO, ServerProcess, ml_bin, unavailable
 NGINX = pathlib.Path("/usr/sbin/nginx")
 DEPLOY = REPO / "docs" / "deploy"
 KEY = "deploy-key-123"
-# Options of every replica beyond the model, tokenizer and port. The server
-# with several slots adds "--parallel", "2" (two prompt caches per replica);
-# the test holds with one slot (one cached conversation per replica) too.
-REPLICA_ARGS = []
+# Options of every replica beyond the model, tokenizer and port: two slots,
+# so two conversations keep their prompt caches on one replica.
+REPLICA_ARGS = ["--parallel", "2"]
 # Seconds any one HTTP call may take.
 TIMEOUT = 60
 
@@ -295,7 +294,9 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1st["usage"]["prompt_tokens"], r
 
     long = {"model": "smol", "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
-            "max_tokens": 400, "temperature": 0}
+            "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    # Long enough that the replica is still full when the next request comes.
+    pending = {**long, "max_tokens": 400}
     short = {**long, "max_tokens": 12}
 
     def fill(replica, headers):
@@ -303,20 +304,21 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
         generating or waiting...] (with several slots, more generate before one waits)."""
         streams = [Stream(lb.port, headers, long)]
         assert streams[0].status == 200
-        for _ in range(4):
-            streams.append(Pending(lb.port, headers, short))
+        for n in range(2, 6):
+            streams.append(Pending(lb.port, headers, pending))
             deadline = time.time() + 3
-            while time.time() < deadline:
-                if health(replica)["queued"] >= 1:
-                    return streams
+            while (h := health(replica))["slots_busy"] + h["queued"] < n:  # the request arrived
+                assert time.time() < deadline, f"{replica.addr} never took request {n}: {h}"
                 time.sleep(0.02)
+            if h["queued"] >= 1:
+                return streams
         raise AssertionError(f"{replica.addr} never filled up: {health(replica)}")
 
     # A full replica: its 503 (queue full) is retried on the other replica.
     a_headers, b_headers = convs["a"][0], convs["b"][0]
     streams = fill(r1, a_headers)
     st, _, r, addr, tried = call({"model": "smol", "prompt": "Hi", "max_tokens": 2}, a_headers, "/v1/completions")
-    assert st == 200 and tried == [r1.addr, r2.addr], (r, tried)
+    assert st == 200 and tried == [r1.addr, r2.addr], (r, tried, r1.addr, r2.addr, health(r1))
 
     # Replica 1 dies (SIGKILL) with a stream generating and a request waiting:
     # the stream is cut off at once; the waiting request had no answer yet,
@@ -355,7 +357,7 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
     # The clients hung up: replica 2 is free again at once (asked directly: a 503 through nginx
     # would count as one more failure of replica 2).
     deadline = time.time() + 10
-    while (h := health(r2)).get("busy") or h.get("slots_busy") or h["queued"]:  # one slot / several
+    while (h := health(r2))["slots_busy"] or h["queued"]:
         assert time.time() < deadline, f"replica 2 stayed busy after its clients hung up: {h}"
         time.sleep(0.05)
     assert call({"model": "smol", "prompt": "Hi", "max_tokens": 2}, b_headers, "/v1/completions")[0] == 200
