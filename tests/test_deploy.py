@@ -304,21 +304,23 @@ def test_conversations_stay_on_their_replica_and_survive_a_killed_one(cluster):
         generating or waiting...] (with several slots, more generate before one waits)."""
         streams = [Stream(lb.port, headers, long)]
         assert streams[0].status == 200
-        for n in range(2, 6):
+        for _ in range(4):
             streams.append(Pending(lb.port, headers, pending))
-            deadline = time.time() + 3
-            while (h := health(replica))["slots_busy"] + h["queued"] < n:  # the request arrived
-                assert time.time() < deadline, f"{replica.addr} never took request {n}: {h}"
+            # Full: every slot generating and one waiting (a request is briefly "queued" before the
+            # worker's next step takes it into a free slot, so both are checked).
+            deadline = time.time() + 2
+            while time.time() < deadline:
+                h = health(replica)
+                if h["slots_busy"] == h["slots_total"] and h["queued"] >= 1:
+                    return streams
                 time.sleep(0.02)
-            if h["queued"] >= 1:
-                return streams
         raise AssertionError(f"{replica.addr} never filled up: {health(replica)}")
 
     # A full replica: its 503 (queue full) is retried on the other replica.
     a_headers, b_headers = convs["a"][0], convs["b"][0]
     streams = fill(r1, a_headers)
     st, _, r, addr, tried = call({"model": "smol", "prompt": "Hi", "max_tokens": 2}, a_headers, "/v1/completions")
-    assert st == 200 and tried == [r1.addr, r2.addr], (r, tried, r1.addr, r2.addr, health(r1))
+    assert st == 200 and tried == [r1.addr, r2.addr], (r, tried)
 
     # Replica 1 dies (SIGKILL) with a stream generating and a request waiting:
     # the stream is cut off at once; the waiting request had no answer yet,
