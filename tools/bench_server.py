@@ -10,11 +10,13 @@ Each of N client threads sends R streaming `POST /v1/completions` requests
 back to back (or keeps sending for --duration seconds), one connection per
 request, with `temperature` 0, `ignore_eos` true (so every answer is
 `max_tokens` long) and `stream_options.include_usage`. Every request has its
-own prompt of --prompt-words words drawn from a seeded word list, different
-from its first word on, so no server can reuse another request's prompt
-(prefix) cache. Per request: TTFT, the time from sending the request to the
-first SSE chunk with non-empty text, and the generated tokens (the usage's
-completion_tokens, or the number of text chunks if the server sends no usage).
+own prompt of --prompt-words words drawn from a seeded word list (seeded by
+--seed, the client count, the client and the request), so no server can reuse
+another request's prompt (prefix) cache; a server that is not restarted
+between runs needs a new --seed to see none of its earlier prompts. Per
+request: TTFT, the time from sending the request to the first SSE chunk
+with non-empty text, and the generated tokens (the usage's completion_tokens,
+or the number of text chunks if the server sends no usage).
 Per configuration: aggregate generated tokens/s = all generated tokens / wall
 time from the first send to the last finish, and TTFT p50/p95 over the
 requests. One JSON line per configuration goes to stdout (--out also appends
@@ -54,10 +56,11 @@ WORDS = (
 ).split()
 
 
-def prompt_text(client: int, request: int, words: int, seed: int) -> str:
-    """A prompt of `words` words, its own from the first word on."""
-    rng = random.Random(f"{seed}-{client}-{request}")
-    return f"Note {client}.{request}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+def prompt_text(tag: str, words: int, seed: int) -> str:
+    """A prompt of `words` words drawn at random (seeded by `seed` and `tag`):
+    two tags' prompts share no more than a chance first word or two."""
+    rng = random.Random(f"{seed}-{tag}")
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
 
 
 def percentile(xs, q):
@@ -142,14 +145,12 @@ def one_request(target: Target, body: dict) -> dict:
         if not done:
             res["error"] = "stream ended without data: [DONE]"
             return res
-        if first is None:
-            res["error"] = "no text in the answer"
-            return res
         comp = usage.get("completion_tokens") if usage else None
         tokens = comp if isinstance(comp, int) else chunks
         res.update(
             ok=True,
-            ttft=first - t0,
+            # None when no chunk had text (e.g. an end of text first, without ignore_eos)
+            ttft=None if first is None else first - t0,
             t_end=end,
             chunks=chunks,
             tokens=tokens,
@@ -157,7 +158,7 @@ def one_request(target: Target, body: dict) -> dict:
             prompt_tokens=usage.get("prompt_tokens") if usage else None,
             finish=finish,
             # decode speed seen by this client: the tokens after the first over the time they took
-            decode_tps=(tokens - 1) / (last - first) if tokens > 1 and last > first else None,
+            decode_tps=(tokens - 1) / (last - first) if tokens > 1 and first is not None and last > first else None,
         )
         return res
     except (OSError, http.client.HTTPException) as e:
@@ -184,7 +185,7 @@ def run_config(target: Target, args, clients: int) -> dict:
             elif r >= args.requests:
                 break
             body = {
-                "prompt": prompt_text(ci, r, args.prompt_words, args.seed),
+                "prompt": prompt_text(f"{clients}-{ci}-{r}", args.prompt_words, args.seed),
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
                 "stream": True,
@@ -197,13 +198,16 @@ def run_config(target: Target, args, clients: int) -> dict:
             res = one_request(target, body)
             res["client"], res["request"] = ci, r
             if not res["ok"]:
-                print(f"bench_server: {args.label} clients={clients} client {ci} request {r}: {res['error']}",
-                      file=sys.stderr)
+                print(
+                    f"bench_server: {args.label} clients={clients} client {ci} request {r}: {res['error']}",
+                    file=sys.stderr,
+                )
             with lock:
                 results.append(res)
             r += 1
 
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     if args.duration:
         deadline[0] = t_start + args.duration
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
@@ -211,6 +215,7 @@ def run_config(target: Target, args, clients: int) -> dict:
         t.start()
     for t in threads:
         t.join()
+    client_cpu = time.process_time() - cpu_start
     ok = [r for r in results if r["ok"]]
     errors = [r for r in results if not r["ok"]]
     if results:
@@ -218,7 +223,7 @@ def run_config(target: Target, args, clients: int) -> dict:
     else:
         wall = 0.0
     tokens = sum(r["tokens"] for r in ok)
-    ttfts = [r["ttft"] * 1000 for r in ok]
+    ttfts = [r["ttft"] * 1000 for r in ok if r["ttft"] is not None]
     dec = [r["decode_tps"] for r in ok if r.get("decode_tps")]
     ptoks = [r["prompt_tokens"] for r in ok if isinstance(r.get("prompt_tokens"), int)]
     short = sum(1 for r in ok if r["tokens"] < args.max_tokens)
@@ -238,6 +243,7 @@ def run_config(target: Target, args, clients: int) -> dict:
         "max_tokens": args.max_tokens,
         "ignore_eos": not args.no_ignore_eos,
         "short_answers": short,
+        "no_text_answers": sum(1 for r in ok if r["ttft"] is None),
         "tokens_from_usage": all(r["from_usage"] for r in ok) if ok else None,
         "prompt_tokens_mean": rnd(statistics.mean(ptoks)) if ptoks else None,
         "generated_tokens": tokens,
@@ -247,6 +253,8 @@ def run_config(target: Target, args, clients: int) -> dict:
         "ttft_p95_ms": rnd(percentile(ttfts, 95)),
         "ttft_max_ms": rnd(max(ttfts) if ttfts else None),
         "client_decode_tok_s_mean": rnd(statistics.mean(dec) if dec else None, 2),
+        # CPU time this benchmark client itself used (it shares the cores with the server)
+        "client_cpu_s": rnd(client_cpu, 3),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -255,10 +263,13 @@ def human(r: dict) -> str:
     def f(x, spec):
         return "-" if x is None else format(x, spec)
 
-    s = (f"{r['label'] or '?'} {r['model'] or ''} clients={r['clients']}: {f(r['tok_s'], '.1f')} tok/s "
-         f"({r['generated_tokens']} tokens in {f(r['wall_s'], '.2f')} s), TTFT p50 {f(r['ttft_p50_ms'], '.0f')} ms "
-         f"p95 {f(r['ttft_p95_ms'], '.0f')} ms, per-client decode {f(r['client_decode_tok_s_mean'], '.1f')} tok/s, "
-         f"prompt {f(r['prompt_tokens_mean'], '.0f')} tokens, {r['ok']}/{r['requests']} ok")
+    s = (
+        f"{r['label'] or '?'} {r['model'] or ''} clients={r['clients']}: {f(r['tok_s'], '.1f')} tok/s "
+        f"({r['generated_tokens']} tokens in {f(r['wall_s'], '.2f')} s), TTFT p50 {f(r['ttft_p50_ms'], '.0f')} ms "
+        f"p95 {f(r['ttft_p95_ms'], '.0f')} ms, per-client decode {f(r['client_decode_tok_s_mean'], '.1f')} tok/s, "
+        f"prompt {f(r['prompt_tokens_mean'], '.0f')} tokens, client CPU {r['client_cpu_s']:.2f} s, "
+        f"{r['ok']}/{r['requests']} ok"
+    )
     if r["errors"]:
         s += f", {r['errors']} errors (first: {r['first_error']})"
     if r["short_answers"]:
@@ -286,6 +297,7 @@ def summarize(paths) -> str:
             return ["", ""]
         tps, p50, p95 = (med([r[k] for r in rs]) for k in ("tok_s", "ttft_p50_ms", "ttft_p95_ms"))
         err = sum(r["errors"] for r in rs)
+        short = sum(r["short_answers"] for r in rs)
         t = "-" if tps is None else f"{tps:.1f}"
         if len(rs) > 1:
             vals = [r["tok_s"] for r in rs if r["tok_s"] is not None]
@@ -293,6 +305,8 @@ def summarize(paths) -> str:
                 t += f" ({min(vals):.1f}–{max(vals):.1f})"
         if err:
             t += f" [{err} errors]"
+        if short:
+            t += f" [{short} short answers]"
         ttft = "-" if p50 is None else f"{p50:.0f} / {p95:.0f}"
         return [t, ttft]
 
@@ -305,23 +319,34 @@ def summarize(paths) -> str:
         for lb in labels:
             cells += cell(model, clients, lb)
         out.append("| " + " | ".join(cells) + " |")
-    reps = max((sum(1 for r in rows if (r["model"], r["clients"], r["label"]) == (m, c, lb))
-                for m, c in keys for lb in labels), default=0)
+    reps = max(
+        (
+            sum(1 for r in rows if (r["model"], r["clients"], r["label"]) == (m, c, lb))
+            for m, c in keys
+            for lb in labels
+        ),
+        default=0,
+    )
     if reps > 1:
         out.append(f"\nMedians over up to {reps} repetitions; tok/s range in brackets.")
     return "\n".join(out)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (a trailing /v1 is fine)")
     ap.add_argument("--clients", default="1", help="concurrent clients, a comma-separated list (one run each)")
     ap.add_argument("--requests", type=int, default=4, help="requests per client, back to back")
-    ap.add_argument("--duration", type=float, default=0,
-                    help="instead of --requests: each client keeps starting requests for this many seconds")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=0,
+        help="instead of --requests: each client keeps starting requests for this many seconds",
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--prompt-words", type=int, default=80, help="prompt length in words (~1.2 tokens each)")
+    ap.add_argument("--prompt-words", type=int, default=100, help="prompt length in words (~1 token each)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed requests (8 tokens) before the first run")
     ap.add_argument("--seed", type=int, default=1, help="seed of the prompts' words")
     ap.add_argument("--label", default="", help="server name in the output (e.g. krafla, llama-server)")
@@ -329,9 +354,12 @@ def main():
     ap.add_argument("--model-name", default=None, help="model name in the output (default: --model)")
     ap.add_argument("--api-key", default=os.environ.get("KRAFLA_API_KEY"))
     ap.add_argument("--timeout", type=float, default=600, help="socket timeout in seconds")
-    ap.add_argument("--no-ignore-eos", action="store_true",
-                    default=os.environ.get("BENCH_NO_IGNORE_EOS", "") not in ("", "0"),
-                    help="do not send ignore_eos (also BENCH_NO_IGNORE_EOS=1)")
+    ap.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        default=os.environ.get("BENCH_NO_IGNORE_EOS", "") not in ("", "0"),
+        help="do not send ignore_eos (also BENCH_NO_IGNORE_EOS=1)",
+    )
     ap.add_argument("--out", help="also append the JSON lines to this file")
     ap.add_argument("--summarize", nargs="+", metavar="JSONL", help="print a markdown table of JSON-line files")
     args = ap.parse_args()
@@ -348,8 +376,12 @@ def main():
         ap.error("--clients, --requests and --max-tokens must be at least 1")
     target = Target(args.url, args.api_key, args.timeout)
     for i in range(args.warmup):
-        body = {"prompt": prompt_text(-1, i, args.prompt_words, args.seed), "max_tokens": 8, "temperature": 0,
-                "stream": True}
+        body = {
+            "prompt": prompt_text(f"warmup-{i}", args.prompt_words, args.seed),
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        }
         if args.model:
             body["model"] = args.model
         if not args.no_ignore_eos:

@@ -18,7 +18,7 @@
 #   CTX [1024]               context per slot (Krafla --ctx; llama-server -c CTX*N)
 #   MAX_TOKENS [64]          per request, unless the model has a :MAX_TOKENS suffix
 #   REQUESTS [4]             requests per client, back to back
-#   PROMPT_WORDS [80]        prompt length (80 words are ~85 SmolLM2 tokens)
+#   PROMPT_WORDS [100]       prompt length (100 words are ~100 SmolLM2 or Qwen2.5 tokens)
 #   SERVERS ["krafla llama-server"]  which to run
 #   KRAFLA_PARALLEL [1]      0: start Krafla without --parallel (before it had the flag)
 #   BENCH_NO_IGNORE_EOS [0]  1: send no ignore_eos (a server that refuses it)
@@ -29,8 +29,9 @@
 # llama-server needs building with the server on: SERVER=1 BUILD_ONLY=1
 # ISAS=avx512vnni tools/bench_llamacpp.sh. Both servers keep their defaults
 # otherwise (Krafla: f32 KV cache; llama-server: f16 KV cache, continuous
-# batching, its prompt cache; every prompt differs from its first word, so no
-# cache hits). The machine should be quiet: both use THREADS cores.
+# batching, its prompt cache; every request has a random prompt of its own,
+# so no cache hits). The machine should be quiet: both use THREADS cores, and
+# llama.cpp's spinning OpenMP threads lose much more than that under other load.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 ISA=${ISA:-avx512vnni}
@@ -42,7 +43,7 @@ THREADS=${THREADS:-2}
 CTX=${CTX:-1024}
 MAX_TOKENS=${MAX_TOKENS:-64}
 REQUESTS=${REQUESTS:-4}
-PROMPT_WORDS=${PROMPT_WORDS:-80}
+PROMPT_WORDS=${PROMPT_WORDS:-100}
 SERVERS=${SERVERS:-"krafla llama-server"}
 KRAFLA_PARALLEL=${KRAFLA_PARALLEL:-1}
 KRAFLA_ARGS=${KRAFLA_ARGS:-}
