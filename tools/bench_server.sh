@@ -6,7 +6,7 @@
 # it; then the same with llama-server -np N. Prints a markdown table (median
 # over REPS repetitions; the server order flips every repetition).
 #
-#   tools/bench_server.sh MODEL.gguf[:MAX_TOKENS]...
+#   tools/bench_server.sh MODEL.gguf[:MAX_TOKENS[:PROMPT_WORDS]]...
 #   CONCURRENCY="1 4" REPS=3 tools/bench_server.sh .cache/llamacpp/smollm2-q4_0.gguf
 #
 # Environment (defaults in brackets):
@@ -18,7 +18,10 @@
 #   CTX [1024]               context per slot (Krafla --ctx; llama-server -c CTX*N)
 #   MAX_TOKENS [64]          per request, unless the model has a :MAX_TOKENS suffix
 #   REQUESTS [4]             requests per client, back to back
-#   PROMPT_WORDS [100]       prompt length (100 words are ~100 SmolLM2 or Qwen2.5 tokens)
+#   PROMPT_WORDS [100]       prompt length, unless the model has a second suffix (100
+#                            words are ~100 SmolLM2 or Qwen2.5 tokens; at 2 threads a
+#                            1.5B model's prefill of 100 tokens takes as long as 30
+#                            generated tokens, so its tokens/s then mostly measure that)
 #   SERVERS ["krafla llama-server"]  which to run
 #   KRAFLA_PARALLEL [1]      0: start Krafla without --parallel (before it had the flag)
 #   BENCH_NO_IGNORE_EOS [0]  1: send no ignore_eos (a server that refuses it)
@@ -54,7 +57,7 @@ OUT=${OUT:-$REPO/.cache/bench_server/$(date -u +%Y%m%dT%H%M%SZ).jsonl}
 LOGDIR=$(dirname "$OUT")
 mkdir -p "$LOGDIR"
 
-[ $# -ge 1 ] || { echo "usage: $0 MODEL.gguf[:MAX_TOKENS]..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 MODEL.gguf[:MAX_TOKENS[:PROMPT_WORDS]]..." >&2; exit 2; }
 for s in $SERVERS; do
     case $s in
         krafla) [ -x "$KRAFLA" ] || { echo "no Krafla executable $KRAFLA (cargo xtask dist linux-x86_64)" >&2; exit 1; } ;;
@@ -112,9 +115,11 @@ for rep in $(seq 1 "$REPS"); do
     for spec in "$@"; do
         model=$spec
         mt=$MAX_TOKENS
-        if [[ $spec =~ ^(.*\.gguf):([0-9]+)$ ]]; then
+        pw=$PROMPT_WORDS
+        if [[ $spec =~ ^(.*\.gguf):([0-9]+)(:([0-9]+))?$ ]]; then
             model=${BASH_REMATCH[1]}
             mt=${BASH_REMATCH[2]}
+            pw=${BASH_REMATCH[4]:-$PROMPT_WORDS}
         fi
         [ -f "$model" ] || { echo "no model file $model" >&2; exit 1; }
         name=$(basename "$model" .gguf)
@@ -137,7 +142,7 @@ for rep in $(seq 1 "$REPS"); do
                         -np "$n" -c $((CTX * n)) --no-webui $LLAMA_ARGS
                 fi
                 "$PY" "$REPO/tools/bench_server.py" --url "http://127.0.0.1:$port" --clients "$n" \
-                    --requests "$REQUESTS" --max-tokens "$mt" --prompt-words "$PROMPT_WORDS" \
+                    --requests "$REQUESTS" --max-tokens "$mt" --prompt-words "$pw" \
                     --label "$s" --model-name "$name" --out "$OUT" > /dev/null || true
                 stop_server
             done
