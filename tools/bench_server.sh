@@ -27,7 +27,8 @@
 #   BENCH_NO_IGNORE_EOS [0]  1: send no ignore_eos (a server that refuses it)
 #   KRAFLA_ARGS, LLAMA_ARGS  extra arguments for each server
 #   PORT [18080]             Krafla listens on PORT, llama-server on PORT+1
-#   OUT [.cache/bench_server/DATE.jsonl]  the JSON lines (one per measurement)
+#   OUT [.cache/bench_server/DATE.jsonl]  the JSON lines (one per measurement); the
+#                            servers' logs to DATE-logs/ beside it
 #
 # llama-server needs building with the server on: SERVER=1 BUILD_ONLY=1
 # ISAS=avx512vnni tools/bench_llamacpp.sh. Both servers keep their defaults
@@ -54,8 +55,8 @@ LLAMA_ARGS=${LLAMA_ARGS:-}
 PORT=${PORT:-18080}
 PY=${PYTHON:-python3}
 OUT=${OUT:-$REPO/.cache/bench_server/$(date -u +%Y%m%dT%H%M%SZ).jsonl}
-LOGDIR=$(dirname "$OUT")
-mkdir -p "$LOGDIR"
+LOGDIR=${OUT%.jsonl}-logs
+mkdir -p "$(dirname "$OUT")" "$LOGDIR"
 
 [ $# -ge 1 ] || { echo "usage: $0 MODEL.gguf[:MAX_TOKENS[:PROMPT_WORDS]]..." >&2; exit 2; }
 for s in $SERVERS; do
@@ -125,7 +126,7 @@ for rep in $(seq 1 "$REPS"); do
         name=$(basename "$model" .gguf)
         for n in $CONCURRENCY; do
             for s in $order; do
-                log=$LOGDIR/$name-$s-np$n.log
+                log=$LOGDIR/$name-$s-np$n-rep$rep.log
                 if [ "$s" = krafla ]; then
                     port=$PORT
                     par=()
