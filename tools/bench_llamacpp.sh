@@ -7,6 +7,14 @@
 #
 #   tools/bench_llamacpp.sh [WORKDIR]      (default WORKDIR: .cache/llamacpp)
 #   ISAS="avx2 avx512vnni" THREADS=2 tools/bench_llamacpp.sh
+#   ISAS="avx512vnni avx2" SERVER=1 BUILD_ONLY=1 tools/bench_llamacpp.sh
+#
+# SERVER=1 also builds llama-server (for tools/bench_server.sh), reconfiguring
+# a build folder that lacks it with the server on (same ISA flags; expect a
+# full rebuild, ~20 minutes on two cores) and the web UI off (no npm, no
+# download: an empty UI), and makes qwen2.5-1.5b-random-Q4_0.gguf if the
+# f16 file of tools/make_random_qwen2.py is in WORKDIR.
+# BUILD_ONLY=1 stops after the builds and the requantised GGUFs.
 #
 # Needs: cmake (pip install cmake), g++, the Krafla builds (cargo xtask dist
 # linux-x86_64) and Python with tools/requirements.txt. llama.cpp's source is
@@ -22,6 +30,8 @@ ISAS=${ISAS:-"sse2 sse41 avx2 avx512vnni"}
 THREADS=${THREADS:-"1 2"}
 VERSION=0.3.36
 PY=${PYTHON:-python3}
+SERVER=${SERVER:-0}
+BUILD_ONLY=${BUILD_ONLY:-0}
 
 cd "$WORK"
 if [ ! -d "llama_cpp_python-$VERSION" ]; then
@@ -33,7 +43,7 @@ SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
 # One static llama.cpp per level: GGML_NATIVE off (no -march=native), every
 # x86 option set explicitly (they default to on), no backend dlopen.
 COMMON=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF
-    -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF
+    -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_AVX_VNNI=OFF -DGGML_AVX512_VBMI=OFF
     -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 flags() {
@@ -46,11 +56,18 @@ flags() {
         *) echo "unknown ISA $1" >&2; exit 1 ;;
     esac
 }
+if [ "$SERVER" = 1 ]; then
+    SERVER_FLAGS=(-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
+    TARGETS=(llama-bench llama-quantize llama-server)
+else
+    SERVER_FLAGS=(-DLLAMA_BUILD_SERVER=OFF)
+    TARGETS=(llama-bench llama-quantize)
+fi
 for isa in $ISAS; do
-    if [ ! -x "build-$isa/bin/llama-bench" ]; then
+    if [ ! -x "build-$isa/bin/llama-bench" ] || { [ "$SERVER" = 1 ] && [ ! -x "build-$isa/bin/llama-server" ]; }; then
         # shellcheck disable=SC2046
-        cmake -S "$SRC" -B "build-$isa" "${COMMON[@]}" $(flags "$isa") > "build-$isa.log"
-        cmake --build "build-$isa" -j2 --target llama-bench llama-quantize >> "build-$isa.log"
+        cmake -S "$SRC" -B "build-$isa" "${COMMON[@]}" "${SERVER_FLAGS[@]}" $(flags "$isa") > "build-$isa.log"
+        nice -n 19 cmake --build "build-$isa" -j2 --target "${TARGETS[@]}" >> "build-$isa.log"
     fi
 done
 
@@ -61,6 +78,10 @@ for ty in q4_0 q8_0; do
     [ -f "smollm2-$ty.gguf" ] || "$QUANT" --allow-requantize "$GGUF" "smollm2-$ty.gguf" "${ty^^}" > "quantize-$ty.log" 2>&1
     [ -f "smollm2-$ty.mlb" ] || "$PY" "$REPO/tools/convert.py" "$GGUF" -o "smollm2-$ty.mlb" --type "$ty" > /dev/null
 done
+if [ "$SERVER" = 1 ] && [ -f qwen2.5-1.5b-random-f16.gguf ] && [ ! -f qwen2.5-1.5b-random-Q4_0.gguf ]; then
+    "$QUANT" qwen2.5-1.5b-random-f16.gguf qwen2.5-1.5b-random-Q4_0.gguf Q4_0 > quantize-qwen-q4_0.log 2>&1
+fi
+if [ "$BUILD_ONLY" = 1 ]; then exit 0; fi
 
 for isa in $ISAS; do
     for t in $THREADS; do
