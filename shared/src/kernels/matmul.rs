@@ -263,8 +263,12 @@ fn short_batch<'a>(
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(k, r0, len)| {
+            // Tiles of rows, each tile's weights read once from memory for all the tokens.
             let mut buf = vec![0.0f32; n_tok * len];
-            tile_dots(mats[k], r0, len, 0, n_tok, one_token, |i, t, v| buf[t * len + i] = v);
+            for r in (0..len).step_by(ROW_TILE) {
+                let tile = ROW_TILE.min(len - r);
+                tile_dots(mats[k], r0 + r, tile, 0, n_tok, one_token, |i, t, v| buf[t * len + r + i] = v);
+            }
             buf
         })
         .collect();
