@@ -223,7 +223,7 @@ impl Engine {
         }
     }
 
-    /// Puts `job` into the free slot holding the longest prefix of its prompt.
+    /// Puts `job` into the free slot whose cache its prompt continues, else the slot idle longest.
     fn admit(&mut self, job: Job) {
         self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
         if job.cancel.load(Ordering::SeqCst) {
