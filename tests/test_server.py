@@ -88,6 +88,25 @@ def health(srv):
     return json.loads(body)
 
 
+def wait_health(srv, ok, what, timeout=10):
+    """Polls /health until `ok(answer)`; fails naming `what` after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while not ok(h := health(srv)):
+        assert time.time() < deadline, f"{what}: {h}"
+        time.sleep(0.02)
+
+
+def waiting_request(srv):
+    """A two-token completion sent on a thread, returned once /health counts it as queued:
+    (the thread, the dict its answer goes to as "r")."""
+    result = {}
+    waiter = threading.Thread(target=lambda: result.update(
+        r=srv.client().completions.create(model="x", prompt="Hello", max_tokens=2, temperature=0)))
+    waiter.start()
+    wait_health(srv, lambda h: h["queued"] == 1, "the request never queued")
+    return waiter, result
+
+
 def error_of(status_body, status):
     """The OpenAI error object of a raw answer, checking status and shape."""
     st, hdrs, body = status_body
@@ -418,14 +437,7 @@ def test_queue_full_gives_503_then_disconnect_frees_the_slot(small_queue_server)
     assert health(srv)["slots_busy"] == 1
 
     # A second request waits its turn...
-    result = {}
-    waiter = threading.Thread(target=lambda: result.update(
-        r=srv.client().completions.create(model="x", prompt="Hello", max_tokens=2, temperature=0)))
-    waiter.start()
-    deadline = time.time() + 10
-    while health(srv)["queued"] != 1:
-        assert time.time() < deadline, "the second request never queued"
-        time.sleep(0.02)
+    waiter, result = waiting_request(srv)
     # ...and a third finds the queue full.
     err = error_of(srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}), 503)
     assert err["code"] == "queue_full" and "retry" in err["message"]

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ml_bin
-from test_server import Server, error_of, health
+from test_server import Server, error_of, health, wait_health, waiting_request
 
 CTX = 1024
 
@@ -137,14 +137,7 @@ def test_queue_deadlines_and_disconnects(two_slots):
     err = error_of(srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "timeout": 0.5}), 503)
     assert err["code"] == "timeout" and 0.4 < time.time() - t0 < 5
     # One waits its turn...
-    result = {}
-    waiter = threading.Thread(target=lambda: result.update(
-        r=srv.client().completions.create(model="x", prompt="Hello", max_tokens=2, temperature=0)))
-    waiter.start()
-    deadline = time.time() + 10
-    while health(srv)["queued"] != 1:
-        assert time.time() < deadline, "the request never queued"
-        time.sleep(0.02)
+    waiter, result = waiting_request(srv)
     # ...and the next finds the queue full: 503 with Retry-After.
     st, hdrs, body = srv.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
     assert st == 503 and hdrs["retry-after"] == "1" and json.loads(body)["error"]["code"] == "queue_full"
@@ -159,10 +152,7 @@ def test_queue_deadlines_and_disconnects(two_slots):
     streams[1].close()
 
     # A deadline reached while generating ends the answer like a token limit.
-    deadline = time.time() + 10
-    while health(srv)["slots_busy"]:
-        assert time.time() < deadline, "the slots were never freed"
-        time.sleep(0.02)
+    wait_health(srv, lambda h: h["slots_busy"] == 0, "the slots were never freed")
     t2 = time.time()
     r = c.completions.create(model="x", prompt="Count: one, two,", max_tokens=900, temperature=0,
                              extra_body={"ignore_eos": True, "timeout": 1.0})
@@ -292,10 +282,7 @@ def test_max_queue_zero_still_fills_every_slot(tmp_path, files):
         assert err["code"] == "queue_full"
         stream.close()
         held.close()
-        deadline = time.time() + 10
-        while health(srv)["slots_busy"]:
-            assert time.time() < deadline, "the slots were never freed"
-            time.sleep(0.02)
+        wait_health(srv, lambda h: h["slots_busy"] == 0, "the slots were never freed")
         # Back to back: a slot is free again before its answer ends, so the next request never races it.
         for _ in range(5):
             assert c.completions.create(model="x", prompt="Hi", max_tokens=2).usage.completion_tokens >= 1

@@ -109,11 +109,6 @@ impl Decoding {
         }
     }
 
-    /// The tokens generated so far.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
     /// Samples the token after `logits`; `room` says whether the sequence
     /// has a position left to run it (else the token is the last).
     pub fn next(&mut self, logits: &[f32], tokenizer: Option<&Tokenizer>, room: bool) -> Next {

@@ -322,14 +322,14 @@ impl Loading {
 fn answer_while_loading(mut stream: TcpStream, limits: &Limits) {
     let _ = stream.set_write_timeout(Some(limits.timeout));
     let Ok(req) = http::read_request(&mut stream, limits) else { return };
-    let mut resp = if req.path.trim_end_matches('/') == "/health" {
-        Response::json(503, &json!({"status": "loading"}))
+    let resp = if req.path.trim_end_matches('/') == "/health" {
+        let mut health = Response::json(503, &json!({"status": "loading"}));
+        health.headers.push(("Retry-After".into(), "1".into()));
+        health
     } else {
+        // error_response adds Retry-After to every 503.
         error_response(&ApiError::new(503, "loading", "the model is loading; retry shortly"))
     };
-    if !resp.headers.iter().any(|(k, _)| k == "Retry-After") {
-        resp.headers.push(("Retry-After".into(), "1".into()));
-    }
     let _ = http::write_response(&mut stream, &resp, &[], req.method != "HEAD");
     http::drain_and_close(stream);
 }

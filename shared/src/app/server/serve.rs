@@ -145,21 +145,14 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
                 }
                 if !started && deadline.is_some_and(|d| Instant::now() >= d) {
                     // Its deadline passed while it waited for a slot: the worker will skip it.
+                    // Nothing was sent yet (a stream's head goes out when it gets a slot).
                     hang_up();
                     let e = ApiError::new(
                         503,
                         "timeout",
                         "the request's deadline passed before a slot was free; retry later",
                     );
-                    match writer {
-                        Some(mut w) => {
-                            let _ = w.send(&sse(&e.to_json()));
-                            let _ = w.send(b"data: [DONE]\n\n");
-                            let _ = w.end();
-                        }
-                        None => srv.send_error(stream, &e),
-                    }
-                    return;
+                    return srv.send_error(stream, &e);
                 }
                 continue;
             }
