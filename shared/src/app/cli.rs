@@ -13,6 +13,7 @@ use clap::Parser;
 use super::interactive;
 use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
+use super::speculation::SpecArgs;
 use super::stdout;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::model::LogitsFor;
@@ -26,6 +27,8 @@ pub struct Args {
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Prompt text.
     #[arg(short = 'p', long)]
     pub prompt: Option<String>,
@@ -200,10 +203,23 @@ fn run_model(
         )?;
         let ctx = args.run.ctx(&model)?;
         let state = args.run.state(&model, ctx)?;
+        let plan = args.spec.plan(&model, Some(tok), args.run.batch)?;
         eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
+        if let Some(line) = plan.describe() {
+            eprintln!("krafla: {line}");
+        }
         let params = decode_params(args, tokenizer.as_ref());
+        let speculator = plan.speculator(ctx)?;
         let generator = Generator::new(model, state, args.run.batch);
-        return interactive::run(generator, tok, template, args.run.system.as_deref(), params, args.n_predict);
+        return interactive::run(
+            generator,
+            speculator,
+            tok,
+            template,
+            args.run.system.as_deref(),
+            params,
+            args.n_predict,
+        );
     }
 
     let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
@@ -223,7 +239,12 @@ fn run_model(
         return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
     }
     let state = args.run.state(&model, ctx)?;
+    let plan = args.spec.plan(&model, tokenizer.as_ref(), args.run.batch)?;
     eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
+    if let Some(line) = plan.describe() {
+        eprintln!("krafla: {line}");
+    }
+    let mut speculator = plan.speculator(ctx)?;
     let mut generator = Generator::new(model, state, args.run.batch);
 
     // ---- prompt ----
@@ -242,7 +263,7 @@ fn run_model(
     let t1 = Instant::now();
     let last = logits[logits.len() - vocab..].to_vec();
     let mut write_error = None;
-    let done = generator.decode(last, &prompt, &params, text_out, &mut |t: Token| {
+    let done = generator.decode(last, &prompt, &params, text_out, speculator.as_mut(), &mut |t: Token| {
         if t.text.is_empty() {
             return true;
         }
@@ -257,8 +278,9 @@ fn run_model(
     } else {
         stdout::line(&done.tail)?;
     }
+    let spec = speculator.map_or(String::new(), |s| format!("; speculative: {}", s.stats.summary()));
     eprintln!(
-        "krafla: prompt {} tokens, {:.1} tokens/s; generation {} tokens, {:.1} tokens/s",
+        "krafla: prompt {} tokens, {:.1} tokens/s; generation {} tokens, {:.1} tokens/s{spec}",
         prompt.len(),
         prompt.len() as f64 / prompt_secs.max(1e-9),
         done.tokens.len(),

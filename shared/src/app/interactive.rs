@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::chat::{Message, Role, Template};
-use crate::generate::{DecodeParams, Finish, Generator, Token};
+use crate::generate::{DecodeParams, Finish, Generator, SpecStats, Speculator, Token};
 use crate::model::LogitsFor;
 use crate::tokenizer::Tokenizer;
 
@@ -55,6 +55,7 @@ struct Conversation {
 /// context is full).
 pub fn run(
     mut generator: Generator,
+    mut speculator: Option<Speculator>,
     tokenizer: &Tokenizer,
     template: Template,
     system: Option<&str>,
@@ -145,7 +146,8 @@ pub fn run(
         let mut answer = String::new();
         let mut write_error = None;
         let t1 = Instant::now();
-        let done = generator.decode(logits, &ids, &params, Some(tokenizer), &mut |t: Token| {
+        let before = speculator.as_ref().map(|s| s.stats);
+        let done = generator.decode(logits, &ids, &params, Some(tokenizer), speculator.as_mut(), &mut |t: Token| {
             if !t.text.is_empty() {
                 answer.push_str(t.text);
                 if let Err(e) = stdout::write(t.text.as_bytes()) {
@@ -177,8 +179,19 @@ pub fn run(
             Finish::Stop => "",
         };
         let new = conv.ids.len() - done.tokens.len() - cached;
+        let spec = match (&speculator, before) {
+            (Some(s), Some(b)) => {
+                let turn = SpecStats {
+                    drafted: s.stats.drafted - b.drafted,
+                    accepted: s.stats.accepted - b.accepted,
+                    passes: s.stats.passes - b.passes,
+                };
+                format!("; speculative: {}", turn.summary())
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "{}[prompt {new} tokens ({cached} cached), {:.1} tokens/s; answer {} tokens, {:.1} tokens/s]{note}{}",
+            "{}[prompt {new} tokens ({cached} cached), {:.1} tokens/s; answer {} tokens, {:.1} tokens/s{spec}]{note}{}",
             style.dim,
             new as f64 / prompt_secs.max(1e-9),
             done.tokens.len(),

@@ -15,14 +15,17 @@
 //! (one forward pass over new tokens of several sequences) and `Decoding`
 //! (one sequence's sampling and text, a token at a time).
 
+mod speculative;
 mod text;
 
 use std::sync::Arc;
+use std::time::Instant;
 
+pub use speculative::{lookup, Draft, DraftModel, Source, SpecStats, Speculator};
 pub use text::TextStream;
 
 use crate::model::{LogitsFor, Model, Segment, State};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{Distribution, Sampler, SamplerConfig};
 use crate::tokenizer::Tokenizer;
 
 /// How decoding runs and when it stops.
@@ -112,12 +115,29 @@ impl Decoding {
     /// Samples the token after `logits`; `room` says whether the sequence
     /// has a position left to run it (else the token is the last).
     pub fn next(&mut self, logits: &[f32], tokenizer: Option<&Tokenizer>, room: bool) -> Next {
+        self.next_given_draft(logits, tokenizer, room, None)
+    }
+
+    /// `next`, when a drafter guessed the token (`draft`: the guess and the
+    /// distribution it came from, None for prompt lookup): the sampler's
+    /// speculative rule, so the result follows the same distribution as
+    /// `next` (greedy: the same token).
+    pub fn next_given_draft(
+        &mut self,
+        logits: &[f32],
+        tokenizer: Option<&Tokenizer>,
+        room: bool,
+        draft: Option<(u32, Option<&Distribution>)>,
+    ) -> Next {
         if self.tokens.len() >= self.max_tokens {
             return Next::End(Finish::Length);
         }
         // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
         let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
-        let id = self.sampler.sample(&logits[..n], &self.history);
+        let id = match draft {
+            Some((guess, dist)) => self.sampler.sample_given_draft(&logits[..n], &self.history, guess, dist),
+            None => self.sampler.sample(&logits[..n], &self.history),
+        };
         if self.stop_ids.contains(&id) {
             return Next::End(Finish::Stop);
         }
@@ -136,6 +156,15 @@ impl Decoding {
             None
         };
         Next::Token { id, text, finish }
+    }
+
+    /// Tokens still allowed after the ones sampled so far.
+    pub fn remaining(&self) -> usize {
+        self.max_tokens.saturating_sub(self.tokens.len())
+    }
+
+    pub fn sampler_config(&self) -> &SamplerConfig {
+        &self.sampler.config
     }
 
     /// The end: what was held back (nothing after a cancel), and the tokens.
@@ -175,6 +204,12 @@ impl Sequence {
     pub fn reset(&mut self) {
         self.state.reset();
         self.cached.clear();
+    }
+
+    /// Keeps the first `pos` positions (`State::truncate`).
+    pub fn truncate(&mut self, pos: usize) {
+        self.state.truncate(pos);
+        self.cached.truncate(self.state.pos);
     }
 
     /// How many leading ids of `tokens` the state holds.
@@ -285,31 +320,113 @@ impl Generator {
     /// Generates from `logits` (the prompt's last position), `history` being
     /// the tokens before (for the repetition penalty). Each token goes to
     /// `on` with its text (no text without a tokenizer); `on` returning
-    /// false stops decoding (`Finish::Cancelled`).
+    /// false stops decoding (`Finish::Cancelled`). With a `speculator`, each
+    /// forward pass also checks its draft of the tokens after the pending
+    /// one (`verify`); the tokens are the same as without (greedy) or
+    /// follow the same distribution (with temperature).
     pub fn decode(
         &mut self,
         logits: Vec<f32>,
         history: &[u32],
         params: &DecodeParams,
         tokenizer: Option<&Tokenizer>,
+        mut speculator: Option<&mut Speculator>,
         on: &mut dyn FnMut(Token) -> bool,
     ) -> Result<Decoded, String> {
         let mut decoding = Decoding::new(history, params);
-        let mut logits = logits;
-        let finish = loop {
-            match decoding.next(&logits, tokenizer, self.seq.has_room()) {
-                Next::End(finish) => break finish,
-                Next::Token { id, text, finish } => {
-                    if !on(Token { id, text: &text, logits: &logits }) {
-                        break Finish::Cancelled;
-                    }
-                    if let Some(finish) = finish {
-                        break finish;
-                    }
-                    logits = self.step(id)?;
+        let mut pending = match decoding.next(&logits, tokenizer, self.seq.has_room()) {
+            Next::End(finish) => return Ok(decoding.finish(finish)),
+            Next::Token { id, text, finish } => {
+                if !on(Token { id, text: &text, logits: &logits }) {
+                    return Ok(decoding.finish(Finish::Cancelled));
                 }
+                if let Some(finish) = finish {
+                    return Ok(decoding.finish(finish));
+                }
+                id
+            }
+        };
+        let vocab = self.model.config.vocab_size;
+        let finish = loop {
+            // Positions left after the pending token's, and tokens left after it.
+            let room = (self.seq.state.ctx - self.seq.state.pos - 1).min(decoding.remaining().saturating_sub(1));
+            let draft = match speculator.as_deref_mut() {
+                Some(s) if room > 0 => {
+                    let mut context = self.seq.cached.clone();
+                    context.push(pending);
+                    s.draft(&context, room, decoding.sampler_config())?
+                }
+                _ => Draft::default(),
+            };
+            let mut tokens = vec![pending];
+            tokens.extend_from_slice(&draft.ids);
+            let want = if draft.ids.is_empty() { LogitsFor::Last } else { LogitsFor::All };
+            let t0 = Instant::now();
+            let rows = self.model.forward(&mut self.seq.state, &tokens, want)?;
+            let secs = t0.elapsed().as_secs_f64();
+            self.seq.cached.extend_from_slice(&tokens);
+            let base = self.seq.state.pos - tokens.len();
+            let verdict = verify(&mut decoding, &rows, vocab, &draft, tokenizer, self.seq.state.ctx - base - 1, on);
+            self.seq.truncate(base + 1 + verdict.accepted);
+            if let Some(s) = speculator.as_deref_mut() {
+                s.record(tokens.len(), secs, draft.ids.len(), verdict.accepted);
+            }
+            match verdict.next {
+                Ok(id) => pending = id,
+                Err(finish) => break finish,
             }
         };
         Ok(decoding.finish(finish))
     }
+}
+
+/// What a verification pass decided.
+pub struct Verdict {
+    /// Guesses kept.
+    pub accepted: usize,
+    /// The next pending token, or how decoding ended.
+    pub next: Result<u32, Finish>,
+}
+
+/// Samples the tokens after a pass over the pending token and `draft`
+/// (`rows`: the logits of each of those positions, `vocab` wide): row i
+/// gives the token after position i, the draft's guess i is kept when the
+/// sampler (given the guess) picks it, and the first other token ends the
+/// pass as the next pending one. `room`: positions left after the pending
+/// token's. Each token goes to `on`.
+pub fn verify(
+    decoding: &mut Decoding,
+    rows: &[f32],
+    vocab: usize,
+    draft: &Draft,
+    tokenizer: Option<&Tokenizer>,
+    room: usize,
+    on: &mut dyn FnMut(Token) -> bool,
+) -> Verdict {
+    let mut accepted = 0;
+    for i in 0..=draft.ids.len() {
+        let logits = &rows[i * vocab..(i + 1) * vocab];
+        let guess = draft.ids.get(i).map(|&id| (id, draft.dists.get(i)));
+        let next = match guess {
+            Some(g) => decoding.next_given_draft(logits, tokenizer, i < room, Some(g)),
+            None => decoding.next(logits, tokenizer, i < room),
+        };
+        match next {
+            Next::End(finish) => return Verdict { accepted, next: Err(finish) },
+            Next::Token { id, text, finish } => {
+                if !on(Token { id, text: &text, logits }) {
+                    return Verdict { accepted, next: Err(Finish::Cancelled) };
+                }
+                if let Some(finish) = finish {
+                    return Verdict { accepted, next: Err(finish) };
+                }
+                if guess.is_some_and(|g| g.0 == id) {
+                    accepted += 1;
+                } else {
+                    return Verdict { accepted, next: Ok(id) };
+                }
+            }
+        }
+    }
+    unreachable!("the last row has no guess, so its token ends the loop")
 }

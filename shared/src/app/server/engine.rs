@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::metrics::Metrics;
-use crate::generate::{forward_sequences, DecodeParams, Decoding, Finish, Next, Sequence, TextStream};
+use crate::generate::{
+    forward_sequences, verify, DecodeParams, Decoding, Draft, Finish, Sequence, SpecStats, Speculator, TextStream,
+    Token,
+};
 use crate::model::{LogitsFor, Model};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
@@ -151,20 +154,26 @@ struct Active {
     chars: TextStream,
     n_chars: usize,
     prev: Option<u32>,
+    /// Guesses drafted and kept for this request.
+    spec: SpecStats,
 }
 
 struct Slot {
     seq: Sequence,
+    /// Drafts of the tokens after the pending one (`--lookup`, `--draft`).
+    speculator: Option<Speculator>,
     /// When it last finished a request (a step count): the idle longest is reused first.
     idle_since: u64,
     active: Option<Active>,
 }
 
-/// What one slot puts into a step.
+/// What one slot puts into a step: a prompt chunk, or the pending token
+/// and its draft.
 struct Part {
     slot: usize,
     tokens: Vec<u32>,
     want: LogitsFor,
+    draft: Draft,
 }
 
 pub struct Engine {
@@ -182,12 +191,24 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// One slot per sequence in `sequences`.
-    pub fn new(model: Arc<Model>, sequences: Vec<Sequence>, batch: usize, tokenizer: Arc<Tokenizer>) -> Engine {
+    /// One slot per sequence in `sequences`, each with its speculator if
+    /// there are any (`speculators`: one per sequence, or empty).
+    pub fn new(
+        model: Arc<Model>,
+        sequences: Vec<Sequence>,
+        speculators: Vec<Speculator>,
+        batch: usize,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Engine {
         assert!(batch > 0 && !sequences.is_empty());
+        assert!(speculators.is_empty() || speculators.len() == sequences.len());
         let stop_ids = tokenizer.eos_id().into_iter().chain(tokenizer.eot_id()).collect();
         let metrics = Arc::new(Metrics::new(sequences.len()));
-        let slots = sequences.into_iter().map(|seq| Slot { seq, idle_since: 0, active: None }).collect();
+        let mut speculators = speculators.into_iter();
+        let slots = sequences
+            .into_iter()
+            .map(|seq| Slot { seq, speculator: speculators.next(), idle_since: 0, active: None })
+            .collect();
         let accepted = Arc::new(AtomicUsize::new(0));
         Engine { model, slots, batch, tokenizer, stop_ids, metrics, accepted, steps: 0, admitted: 0 }
     }
@@ -276,6 +297,7 @@ impl Engine {
             chars: TextStream::new(Vec::new()),
             n_chars: 0,
             prev: None,
+            spec: SpecStats::default(),
         });
         self.metrics.busy.fetch_add(1, Ordering::SeqCst);
     }
@@ -303,14 +325,33 @@ impl Engine {
         let mut parts = Vec::new();
         let mut budget = self.batch;
         for &(_, i) in &order {
-            let a = self.slots[i].active.as_ref().expect("listed as active");
+            let slot = &mut self.slots[i];
+            let a = slot.active.as_ref().expect("listed as active");
             if let Some(t) = a.pending {
-                parts.push(Part { slot: i, tokens: vec![t], want: LogitsFor::Last });
+                let draft = match (&mut slot.speculator, &a.decoding) {
+                    (Some(s), Some(d)) => {
+                        let state = slot.seq.state();
+                        let room = (state.ctx - state.pos - 1).min(d.remaining().saturating_sub(1));
+                        let mut context = slot.seq.cached().to_vec();
+                        context.push(t);
+                        // a draft model that fails costs only the guesses
+                        s.draft(&context, room, d.sampler_config()).unwrap_or_else(|e| {
+                            super::log(&format!("krafla: drafting failed: {e}"));
+                            Draft::default()
+                        })
+                    }
+                    _ => Draft::default(),
+                };
+                let mut tokens = vec![t];
+                tokens.extend_from_slice(&draft.ids);
+                let want = if draft.ids.is_empty() { LogitsFor::Last } else { LogitsFor::All };
+                parts.push(Part { slot: i, tokens, want, draft });
             } else if a.decoding.is_none() && budget > 0 {
                 let end = a.job.prompt.len().min(a.next_prompt + budget);
                 let want = if end == a.job.prompt.len() { LogitsFor::Last } else { LogitsFor::None };
                 budget -= end - a.next_prompt;
-                parts.push(Part { slot: i, tokens: a.job.prompt[a.next_prompt..end].to_vec(), want });
+                let tokens = a.job.prompt[a.next_prompt..end].to_vec();
+                parts.push(Part { slot: i, tokens, want, draft: Draft::default() });
             }
         }
         if parts.is_empty() {
@@ -318,6 +359,7 @@ impl Engine {
         }
         self.metrics.step(parts.len());
         self.steps += 1;
+        let t0 = Instant::now();
         let result = {
             let mut seqs: Vec<Option<&mut Sequence>> = self.slots.iter_mut().map(|s| Some(&mut s.seq)).collect();
             let mut batch: Vec<(&mut Sequence, &[u32], LogitsFor)> = parts
@@ -331,8 +373,9 @@ impl Engine {
         };
         match result {
             Ok(logits) => {
+                let secs = t0.elapsed().as_secs_f64();
                 for (part, logits) in parts.iter().zip(logits) {
-                    self.advance(part, logits);
+                    self.advance(part, logits, secs);
                 }
             }
             Err(e) => {
@@ -350,14 +393,18 @@ impl Engine {
         }
     }
 
-    /// A slot's part of the step ran: the next prompt chunk, or a token to sample.
-    fn advance(&mut self, part: &Part, logits: Vec<f32>) {
+    /// A slot's part of the step ran (taking `secs`): the next prompt
+    /// chunk, or tokens to sample: after the prompt's last position, or
+    /// after the pending token and each guess of its draft (`verify`).
+    fn advance(&mut self, part: &Part, logits: Vec<f32>, secs: f64) {
         let now = Instant::now();
         let ignore_eos = self.slots[part.slot].active.as_ref().is_some_and(|a| a.job.params.ignore_eos);
         let stop_ids = if ignore_eos { Vec::new() } else { self.stop_ids.clone() };
+        let (metrics, tokenizer) = (self.metrics.clone(), self.tokenizer.clone());
+        let vocab = self.model.config.vocab_size;
         let slot = &mut self.slots[part.slot];
-        let room = slot.seq.has_room();
         let a = slot.active.as_mut().expect("a part comes from an active slot");
+        let decoding_part = a.decoding.is_some();
         if a.decoding.is_none() {
             a.next_prompt += part.tokens.len();
             if part.want == LogitsFor::None {
@@ -367,36 +414,44 @@ impl Engine {
             a.prompt_done = Some(now);
         }
         a.pending = None;
-        let decoding = a.decoding.as_mut().expect("set above");
-        let tokenizer = &*self.tokenizer;
-        match decoding.next(&logits, Some(tokenizer), room) {
-            Next::End(finish) => self.end(part.slot, finish),
-            Next::Token { id, text, finish } => {
-                let logprobs = a.job.params.logprobs.map(|k| {
-                    let lp = logprobs(tokenizer, &logits, id, k, a.n_chars);
-                    a.n_chars += a.chars.push(&tokenizer.decode_piece(a.prev, id)).0.chars().count();
-                    lp
-                });
-                a.prev = Some(id);
-                match a.last_token {
-                    None => {
-                        let prompt_took = now - a.admitted;
-                        let evaluated = a.job.prompt.len() - a.cached;
-                        self.metrics.prompt_done(evaluated, a.cached, prompt_took, now - a.job.received);
-                        self.metrics.first_token();
-                    }
-                    Some(t) => self.metrics.token(now - t),
+        let mut decoding = a.decoding.take().expect("set above");
+        // The rows are the part's last positions; the token after row i goes to position `end − rows + 1 + i`.
+        let rows = logits.len() / vocab;
+        let (ctx, end) = (slot.seq.state().ctx, slot.seq.state().pos);
+        let room = ctx + rows - 1 - end;
+        let mut on = |t: Token| {
+            let logprobs = a.job.params.logprobs.map(|k| {
+                let lp = logprobs(&tokenizer, t.logits, t.id, k, a.n_chars);
+                a.n_chars += a.chars.push(&tokenizer.decode_piece(a.prev, t.id)).0.chars().count();
+                lp
+            });
+            a.prev = Some(t.id);
+            match a.last_token {
+                None => {
+                    let prompt_took = now - a.admitted;
+                    let evaluated = a.job.prompt.len() - a.cached;
+                    metrics.prompt_done(evaluated, a.cached, prompt_took, now - a.job.received);
+                    metrics.first_token();
                 }
-                a.last_token = Some(now);
-                let sent = a.job.events.send(Event::Delta { text, logprobs }).is_ok();
-                if !sent || a.job.cancel.load(Ordering::SeqCst) {
-                    self.end(part.slot, Finish::Cancelled);
-                } else if let Some(finish) = finish {
-                    self.end(part.slot, finish);
-                } else {
-                    a.pending = Some(id);
-                }
+                Some(t) => metrics.token(now - t),
             }
+            a.last_token = Some(now);
+            let sent = a.job.events.send(Event::Delta { text: t.text.to_string(), logprobs }).is_ok();
+            sent && !a.job.cancel.load(Ordering::SeqCst)
+        };
+        let verdict = verify(&mut decoding, &logits, vocab, &part.draft, Some(&tokenizer), room, &mut on);
+        slot.seq.truncate(end + 1 - rows + verdict.accepted);
+        if let (Some(s), true) = (&mut slot.speculator, decoding_part) {
+            s.record(part.tokens.len(), secs, part.draft.ids.len(), verdict.accepted);
+        }
+        if !part.draft.ids.is_empty() {
+            a.spec.add(SpecStats { drafted: part.draft.ids.len(), accepted: verdict.accepted, passes: 1 });
+            metrics.drafted(part.draft.ids.len(), verdict.accepted);
+        }
+        a.decoding = Some(decoding);
+        match verdict.next {
+            Ok(id) => a.pending = Some(id),
+            Err(finish) => self.end(part.slot, finish),
         }
     }
 
@@ -437,9 +492,11 @@ impl Engine {
             _ => "-".to_string(),
         };
         let prompt = a.job.prompt_text.as_ref().map_or(String::new(), |t| format!(", prompt {t:?}"));
+        let spec =
+            if slot.speculator.is_some() { format!(", speculative: {}", a.spec.summary()) } else { String::new() };
         super::log(&format!(
             "krafla: request {}: prompt {p_len} tokens ({} cached), generated {generated} tokens, ttft {ttft}, \
-             {rate} tokens/s, total {:.3} s, finish {}{prompt}",
+             {rate} tokens/s, total {:.3} s, finish {}{spec}{prompt}",
             a.job.id,
             a.cached,
             (now - a.job.received).as_secs_f64(),

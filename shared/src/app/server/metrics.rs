@@ -61,6 +61,8 @@ pub struct Metrics {
     /// Forward passes, and the sequences they carried.
     steps: AtomicU64,
     step_sequences: AtomicU64,
+    drafted: AtomicU64,
+    draft_accepted: AtomicU64,
     by_status: Mutex<BTreeMap<u16, u64>>,
     latency: Mutex<(Histogram, Histogram)>, // time to first token, time per output token
 }
@@ -78,9 +80,17 @@ impl Metrics {
             predicted_micros: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             step_sequences: AtomicU64::new(0),
+            drafted: AtomicU64::new(0),
+            draft_accepted: AtomicU64::new(0),
             by_status: Mutex::new(BTreeMap::new()),
             latency: Mutex::new((Histogram::new(&TTFT_BUCKETS), Histogram::new(&TPOT_BUCKETS))),
         }
+    }
+
+    /// A verification pass checked `drafted` guesses and kept `accepted`.
+    pub fn drafted(&self, drafted: usize, accepted: usize) {
+        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.draft_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// An answer with this HTTP status was sent.
@@ -154,6 +164,13 @@ impl Metrics {
             "gauge",
             "Average sequences per forward pass.",
             if steps > 0 { get(&self.step_sequences) as f64 / steps as f64 } else { 0.0 },
+        );
+        metric("n_drafted_total", "counter", "Tokens drafted (speculative decoding).", get(&self.drafted) as f64);
+        metric(
+            "n_drafted_accepted_total",
+            "counter",
+            "Drafted tokens the model accepted.",
+            get(&self.draft_accepted) as f64,
         );
         metric("slots_total", "gauge", "Slots (--parallel).", self.slots as f64);
         metric("requests_processing", "gauge", "Requests in a slot.", self.busy.load(Ordering::Relaxed) as f64);

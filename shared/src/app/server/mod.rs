@@ -37,6 +37,7 @@ use clap::Parser;
 use serde_json::json;
 
 use super::options::{startup_line, RunArgs};
+use super::speculation::SpecArgs;
 use crate::chat::Template;
 use crate::generate::Sequence;
 use crate::kernels::ISA;
@@ -56,6 +57,8 @@ pub struct ServerArgs {
     /// The model and how to run it (-z is required here).
     #[command(flatten)]
     pub run: RunArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -196,8 +199,14 @@ fn run(args: ServerArgs) -> Result<(), String> {
     for _ in 1..parallel {
         sequences.push(Sequence::new(args.run.state(&model, ctx)?));
     }
+    let plan = pool.install(|| args.spec.plan(&model, Some(&tokenizer), args.run.batch))?;
+    let speculators = match plan.is_on() {
+        true => (0..parallel).map(|_| plan.speculator(ctx).map(|s| s.expect("on"))).collect::<Result<_, _>>()?,
+        false => Vec::new(),
+    };
     let tokenizer = Arc::new(tokenizer);
-    let queue = Engine::new(model, sequences, args.run.batch, tokenizer.clone()).spawn(&pool, args.max_queue);
+    let queue =
+        Engine::new(model, sequences, speculators, args.run.batch, tokenizer.clone()).spawn(&pool, args.max_queue);
 
     let api_key = args.api_key.clone().or_else(|| std::env::var("KRAFLA_API_KEY").ok()).filter(|k| !k.is_empty());
     let model_id = args.alias.clone().unwrap_or_else(|| {
@@ -222,6 +231,9 @@ fn run(args: ServerArgs) -> Result<(), String> {
         max_connections: args.max_queue + 64 + parallel,
     });
     log(&line);
+    if let Some(spec) = plan.describe() {
+        log(&format!("krafla: {spec}"));
+    }
     let mib = |b: usize| b as f64 / 1048576.0;
     log(&format!(
         "krafla: {parallel} slot{} (--parallel) of {ctx} positions, KV cache {:.1} MiB per slot, {:.1} MiB in total; \

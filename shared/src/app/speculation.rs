@@ -1,0 +1,132 @@
+//! The speculative-decoding options the CLI and the server share
+//! (`--lookup`, `--draft`, `--draft-max`), and the draft model they load.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::options::{check_vocab_sizes, ModelFile};
+use crate::format::mlb::Mlb;
+use crate::generate::{DraftModel, Sequence, Source, Speculator};
+use crate::import::gguf::import_model;
+use crate::import::tokenizer::import_tokenizer;
+use crate::import::ConvertType;
+use crate::model::{LayerKind, LoadOptions, Model, State};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct SpecArgs {
+    /// Speculative decoding by prompt lookup: draft the tokens that followed
+    /// the last N tokens where they occurred earlier in the context
+    /// (N from 1 to 16; 0 = off).
+    #[arg(long = "lookup", value_name = "N", default_value_t = 0)]
+    pub lookup: usize,
+    /// Speculative decoding with a draft model: a small model with the same
+    /// vocabulary (.mlb or .gguf) proposes the next tokens.
+    #[arg(long = "draft", value_name = "FILE")]
+    pub draft: Option<PathBuf>,
+    /// Most tokens drafted ahead per forward pass (fewer when guesses fail).
+    #[arg(long = "draft-max", value_name = "K", default_value_t = 8)]
+    pub draft_max: usize,
+}
+
+/// What the options ask for, loaded: a source of drafts per sequence.
+pub enum SpecPlan {
+    Off,
+    Lookup { ngram: usize, max: usize },
+    Draft { model: Arc<Model>, max: usize, batch: usize },
+}
+
+impl SpecArgs {
+    /// Checks the options and loads the draft model (with `target`'s vocabulary).
+    pub fn plan(&self, target: &Model, tokenizer: Option<&Tokenizer>, batch: usize) -> Result<SpecPlan, String> {
+        if self.lookup > 16 {
+            return Err(format!("--lookup {} must be from 0 to 16", self.lookup));
+        }
+        if !(1..=32).contains(&self.draft_max) {
+            return Err(format!("--draft-max {} must be from 1 to 32", self.draft_max));
+        }
+        let (lookup, draft) = (self.lookup, self.draft.as_ref());
+        if lookup > 0 && draft.is_some() {
+            return Err("--lookup and --draft are two ways to draft: choose one".into());
+        }
+        if (lookup > 0 || draft.is_some()) && target.config.layer_kinds.contains(&LayerKind::DeltaNet) {
+            return Err(format!(
+                "speculative decoding needs a model that can rewind its cache; {} has recurrent (DeltaNet) layers",
+                target.config.arch
+            ));
+        }
+        if lookup > 0 {
+            return Ok(SpecPlan::Lookup { ngram: lookup, max: self.draft_max });
+        }
+        let Some(path) = draft else { return Ok(SpecPlan::Off) };
+        let shown = path.display();
+        let mlb = match ModelFile::open(path)? {
+            ModelFile::Mlb(p) => Mlb::open(&p)?,
+            ModelFile::Gguf(g) => {
+                let draft_tokenizer = import_tokenizer(&g).and_then(Tokenizer::build);
+                if let (Some(t), Ok(d)) = (tokenizer, &draft_tokenizer) {
+                    same_vocabulary(t, d).map_err(|e| format!("--draft {shown}: {e}"))?;
+                }
+                import_model(*g, ConvertType::Auto)?
+            }
+        };
+        let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;
+        if model.config.layer_kinds.contains(&LayerKind::DeltaNet) {
+            return Err(format!("--draft {shown}: a draft model with recurrent (DeltaNet) layers cannot rewind"));
+        }
+        if model.config.vocab_size != target.config.vocab_size {
+            let tokens = tokenizer.map_or(target.config.vocab_size, |t| t.vocab_size());
+            check_vocab_sizes(tokens, model.config.vocab_size).map_err(|e| format!("--draft {shown}: {e}"))?;
+        }
+        Ok(SpecPlan::Draft { model: Arc::new(model), max: self.draft_max, batch })
+    }
+}
+
+impl SpecPlan {
+    pub fn is_on(&self) -> bool {
+        !matches!(self, SpecPlan::Off)
+    }
+
+    /// A speculator for one sequence of up to `ctx` positions.
+    pub fn speculator(&self, ctx: usize) -> Result<Option<Speculator>, String> {
+        Ok(match self {
+            SpecPlan::Off => None,
+            SpecPlan::Lookup { ngram, max } => Some(Speculator::new(Source::Lookup { ngram: *ngram }, *max)),
+            SpecPlan::Draft { model, max, batch } => {
+                let state = State::new(&model.config, ctx.min(model.config.context_length))?;
+                let draft = DraftModel::new(model.clone(), Sequence::new(state), *batch);
+                Some(Speculator::new(Source::Model(draft), *max))
+            }
+        })
+    }
+
+    /// "lookup 3-grams, up to 8 ahead" or "draft model M, up to 8 ahead", for the startup line.
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            SpecPlan::Off => None,
+            SpecPlan::Lookup { ngram, max } => Some(format!("speculative: lookup {ngram}-grams, up to {max} ahead")),
+            SpecPlan::Draft { model, max, .. } => Some(format!(
+                "speculative: draft model {} ({:.1} M params), up to {max} ahead",
+                model.config.arch,
+                model.n_params() as f64 / 1e6
+            )),
+        }
+    }
+}
+
+/// Draft and target tokenizers agree on every token's bytes.
+fn same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<(), String> {
+    if target.vocab_size() != draft.vocab_size() {
+        return Err(format!(
+            "the draft model's vocabulary has {} tokens, the model's {}: they must be the same",
+            draft.vocab_size(),
+            target.vocab_size()
+        ));
+    }
+    match (0..target.vocab_size() as u32).find(|&id| target.decode_piece(None, id) != draft.decode_piece(None, id)) {
+        Some(id) => Err(format!("token {id} differs between the draft model's vocabulary and the model's")),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,317 @@
+//! Speculative decoding: guesses of the next tokens (drafts), checked by the
+//! target model in one forward pass over all of them.
+//!
+//! A draft comes from prompt lookup (the last `ngram` tokens found earlier
+//! in the context: what followed them there is the guess) or from a small
+//! draft model of the same vocabulary. The target evaluates the pending
+//! token and the draft together; position i's logits decide token i + 1
+//! (`Decoding::next_given_draft`), and the first refused draft ends the
+//! pass, so one pass yields between one token and all the drafts plus one.
+//! The forward pass is batch-size invariant, so each position's logits are
+//! the bits of a one-token step: greedy output is identical with and
+//! without speculation. With temperature the sampler's speculative rule
+//! keeps the target's distribution.
+//!
+//! How many tokens to draft is chosen each time (`Pacer`) from the measured
+//! cost of a pass over n tokens and the acceptance rate seen so far:
+//! the number that maximises expected tokens per second, zero (no draft)
+//! when guessing does not pay.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Sequence;
+use crate::model::{LogitsFor, Model};
+use crate::sampler::{Distribution, Sampler, SamplerConfig};
+
+/// Where drafts come from.
+pub enum Source {
+    /// Prompt lookup with n-grams of this many tokens.
+    Lookup { ngram: usize },
+    /// A draft model and its sequence (its own KV cache).
+    Model(DraftModel),
+}
+
+/// A small model of the target's vocabulary that guesses the next tokens.
+pub struct DraftModel {
+    model: Arc<Model>,
+    seq: Sequence,
+    /// Prompt tokens per forward call when catching up with the context.
+    batch: usize,
+    sampler: Sampler,
+}
+
+impl DraftModel {
+    pub fn new(model: Arc<Model>, seq: Sequence, batch: usize) -> DraftModel {
+        DraftModel { model, seq, batch, sampler: Sampler::new(SamplerConfig::default()) }
+    }
+
+    /// Up to `max` tokens after `context`, each with the distribution it was
+    /// drawn from (the target's sampler settings applied to the draft
+    /// model's logits).
+    fn propose(
+        &mut self,
+        context: &[u32],
+        max: usize,
+        config: &SamplerConfig,
+    ) -> Result<(Vec<u32>, Vec<Distribution>), String> {
+        if self.sampler.config.seed != config.seed.wrapping_add(1)
+            || self.sampler.config.temperature != config.temperature
+        {
+            self.sampler = Sampler::new(SamplerConfig { seed: config.seed.wrapping_add(1), ..config.clone() });
+        }
+        let room = self.seq.state().ctx;
+        if context.len() + max > room {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let kept = self.seq.reuse_prefix(context);
+        let mut logits = Vec::new();
+        for chunk in context[kept..].chunks(self.batch) {
+            logits = self.model.forward_one(&mut self.seq, chunk, LogitsFor::Last)?;
+        }
+        let vocab = self.model.config.vocab_size;
+        let mut history = context.to_vec();
+        let (mut ids, mut dists) = (Vec::new(), Vec::new());
+        for i in 0..max {
+            let dist = self.sampler.distribution(&logits[logits.len() - vocab..], &history);
+            let id = match &dist {
+                Distribution::Greedy(id) => *id,
+                Distribution::Weights(_) => self.sampler.sample(&logits[logits.len() - vocab..], &history),
+            };
+            ids.push(id);
+            dists.push(dist);
+            history.push(id);
+            if i + 1 < max {
+                logits = self.model.forward_one(&mut self.seq, &[id], LogitsFor::Last)?;
+            }
+        }
+        Ok((ids, dists))
+    }
+}
+
+impl Model {
+    /// One forward call on a `Sequence`, which records the tokens.
+    fn forward_one(&self, seq: &mut Sequence, tokens: &[u32], want: LogitsFor) -> Result<Vec<f32>, String> {
+        let logits = self.forward(&mut seq.state, tokens, want)?;
+        seq.cached.extend_from_slice(tokens);
+        Ok(logits)
+    }
+}
+
+/// Guesses of the tokens after the pending one.
+#[derive(Default)]
+pub struct Draft {
+    pub ids: Vec<u32>,
+    /// Per guess, the distribution it was drawn from (a draft model's);
+    /// empty for prompt lookup, which always proposes what it found.
+    pub dists: Vec<Distribution>,
+}
+
+/// Drafted and accepted tokens, and the verification passes with a draft.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    pub drafted: usize,
+    pub accepted: usize,
+    pub passes: usize,
+}
+
+impl SpecStats {
+    pub fn add(&mut self, other: SpecStats) {
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.passes += other.passes;
+    }
+
+    /// "drafted D, accepted A (R %)".
+    pub fn summary(&self) -> String {
+        let rate = if self.drafted == 0 { 0.0 } else { 100.0 * self.accepted as f64 / self.drafted as f64 };
+        format!("drafted {}, accepted {} ({rate:.0} %)", self.drafted, self.accepted)
+    }
+}
+
+/// One sequence's speculation: the source of drafts, the longest draft, and
+/// the pacing.
+pub struct Speculator {
+    source: Source,
+    max: usize,
+    pacer: Pacer,
+    pub stats: SpecStats,
+}
+
+impl Speculator {
+    pub fn new(source: Source, max: usize) -> Speculator {
+        Speculator { source, max, pacer: Pacer::new(max), stats: SpecStats::default() }
+    }
+
+    /// A draft of at most `room` tokens to follow `context` (the tokens the
+    /// target holds and the pending one).
+    pub fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig) -> Result<Draft, String> {
+        let limit = self.max.min(room);
+        let k = self.pacer.choose(limit);
+        if k == 0 {
+            return Ok(Draft::default());
+        }
+        match &mut self.source {
+            Source::Lookup { ngram } => Ok(Draft { ids: lookup(context, *ngram, k), dists: Vec::new() }),
+            Source::Model(m) => {
+                let t0 = Instant::now();
+                let (ids, dists) = m.propose(context, k, config)?;
+                self.pacer.draft_time(ids.len(), t0.elapsed().as_secs_f64());
+                Ok(Draft { ids, dists })
+            }
+        }
+    }
+
+    /// A verification pass over `tokens` tokens took `secs`, and `accepted`
+    /// of its `drafted` guesses were kept.
+    pub fn record(&mut self, tokens: usize, secs: f64, drafted: usize, accepted: usize) {
+        self.pacer.pass(tokens, secs, drafted, accepted);
+        if drafted > 0 {
+            self.stats.add(SpecStats { drafted, accepted, passes: 1 });
+        }
+    }
+}
+
+/// The tokens that followed the most recent earlier occurrence of the last
+/// `ngram` tokens of `context`, at most `max`.
+pub fn lookup(context: &[u32], ngram: usize, max: usize) -> Vec<u32> {
+    let n = ngram.max(1);
+    if context.len() <= n || max == 0 {
+        return Vec::new();
+    }
+    let tail = &context[context.len() - n..];
+    // Starts of earlier occurrences, latest first; the tail itself excluded.
+    for start in (0..context.len() - n).rev() {
+        if &context[start..start + n] == tail {
+            let from = start + n;
+            let to = (from + max).min(context.len());
+            return context[from..to].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Chooses the draft length: the k that maximises expected tokens per
+/// second, (1 − a^(k+1)) / (1 − a) tokens for one pass over k + 1 tokens
+/// plus k draft tokens, with a the acceptance rate of one guess (a moving
+/// average) and the costs measured as passes run. When no draft pays, it
+/// drafts nothing, except for a probe of one token every `PROBE` passes so
+/// that it notices when guessing starts to pay (text that repeats).
+struct Pacer {
+    /// Seconds of a pass over n tokens (index n), a moving average; 0 = not yet seen.
+    pass_secs: Vec<f64>,
+    /// Seconds per drafted token (a draft model's), a moving average.
+    draft_secs: f64,
+    /// Acceptance rate of one guess, a moving average.
+    accept: f64,
+    /// Passes since the last draft.
+    idle: usize,
+}
+
+const PROBE: usize = 16;
+const SMOOTHING: f64 = 0.25;
+
+impl Pacer {
+    fn new(max: usize) -> Pacer {
+        Pacer { pass_secs: vec![0.0; max + 2], draft_secs: 0.0, accept: 0.75, idle: 0 }
+    }
+
+    /// The cost of a pass over `n` tokens: measured, or while unmeasured
+    /// interpolated from the nearest measured sizes (optimistic above: the
+    /// one-token cost plus a tenth per token, so that long drafts get tried).
+    fn cost(&self, n: usize) -> f64 {
+        if self.pass_secs[n] > 0.0 {
+            return self.pass_secs[n];
+        }
+        let below = (1..n).rev().find(|&m| self.pass_secs[m] > 0.0);
+        let above = (n + 1..self.pass_secs.len()).find(|&m| self.pass_secs[m] > 0.0);
+        match (below, above) {
+            (Some(b), Some(a)) => {
+                let f = (n - b) as f64 / (a - b) as f64;
+                self.pass_secs[b] + f * (self.pass_secs[a] - self.pass_secs[b])
+            }
+            (Some(b), None) => self.pass_secs[b] * (1.0 + 0.1 * (n - b) as f64),
+            (None, Some(a)) => self.pass_secs[a],
+            (None, None) => 1.0 + 0.1 * (n - 1) as f64,
+        }
+    }
+
+    fn choose(&mut self, limit: usize) -> usize {
+        let a = self.accept.clamp(0.0, 0.99);
+        let mut best = (1.0 / self.cost(1), 0);
+        let mut expected = 1.0;
+        for k in 1..=limit {
+            expected += a.powi(k as i32);
+            let rate = expected / (self.cost(k + 1) + k as f64 * self.draft_secs);
+            if rate > best.0 {
+                best = (rate, k);
+            }
+        }
+        if best.1 == 0 && limit > 0 {
+            self.idle += 1;
+            if self.idle >= PROBE {
+                self.idle = 0;
+                return 1;
+            }
+        } else {
+            self.idle = 0;
+        }
+        best.1
+    }
+
+    fn pass(&mut self, tokens: usize, secs: f64, drafted: usize, accepted: usize) {
+        if tokens < self.pass_secs.len() {
+            let old = self.pass_secs[tokens];
+            self.pass_secs[tokens] = if old > 0.0 { old + SMOOTHING * (secs - old) } else { secs };
+        }
+        if drafted > 0 {
+            // Guesses are tried in order until one is refused: `accepted`
+            // successes and (unless all were kept) one failure.
+            let tried = (accepted + usize::from(accepted < drafted)) as f64;
+            let rate = accepted as f64 / tried;
+            let weight = SMOOTHING * tried.min(4.0) / 4.0;
+            self.accept += weight * (rate - self.accept);
+        }
+    }
+
+    fn draft_time(&mut self, tokens: usize, secs: f64) {
+        if tokens > 0 {
+            let per = secs / tokens as f64;
+            self.draft_secs =
+                if self.draft_secs > 0.0 { self.draft_secs + SMOOTHING * (per - self.draft_secs) } else { per };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_copies_what_followed_the_latest_match() {
+        let ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3];
+        assert_eq!(lookup(&ctx, 3, 2), vec![7, 8]);
+        assert_eq!(lookup(&ctx, 3, 10), vec![7, 8, 5, 1, 2, 3]);
+        assert!(lookup(&ctx, 4, 3).is_empty(), "5, 1, 2, 3 occurs only at the end");
+        assert_eq!(lookup(&ctx, 1, 3), vec![7, 8, 5]);
+        assert!(lookup(&[1, 2, 3], 3, 4).is_empty());
+        assert!(lookup(&[4, 5, 6, 7], 2, 4).is_empty());
+    }
+
+    #[test]
+    fn pacer_stops_drafting_when_guesses_fail_and_probes_again() {
+        let mut p = Pacer::new(8);
+        // one token 30 ms, four 45 ms, nine 90 ms
+        for _ in 0..4 {
+            p.pass(1, 0.030, 0, 0);
+            p.pass(4, 0.045, 3, 3);
+            p.pass(9, 0.090, 8, 8);
+        }
+        assert!(p.choose(8) >= 3, "good guesses: draft");
+        for _ in 0..40 {
+            p.pass(2, 0.040, 1, 0);
+        }
+        let choices: Vec<usize> = (0..PROBE).map(|_| p.choose(8)).collect();
+        assert_eq!(choices.iter().filter(|&&k| k > 0).count(), 1, "{choices:?}");
+    }
+}
