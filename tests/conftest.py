@@ -185,8 +185,34 @@ def tiny_logits_match_native(native, tiny_llama2, tmp_path):
             got, got_ids = logits_bytes(cmd, mlb, tmp_path / f"{label}-{qtype}.f32", "1,2,3", 0)
             assert got == want, f"{label} {qtype}: logits differ from the native x86-64 build's"
             assert got_ids == want_ids
+        speculative_matches_plain(native, cmd, label, tiny_llama2)
 
     return check
+
+
+SPEC_LINE = re.compile(r"speculative: drafted (\d+), accepted (\d+)")
+
+
+def greedy_ids(cmd, mlb, ids, n, *extra):
+    """(the greedy ids `cmd MLB` generates as printed by --print-ids, (drafted, accepted) or None)."""
+    p = subprocess.run([*map(str, cmd), str(mlb), "--prompt-ids", ids, "-n", str(n), "-t", "2", "--print-ids",
+                        *map(str, extra)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd}: exit {p.returncode}\n{p.stderr}"
+    m = SPEC_LINE.search(p.stderr)
+    return p.stdout, (int(m[1]), int(m[2])) if m else None
+
+
+def speculative_matches_plain(native, cmd, label, tiny_llama2):
+    """Greedy decoding with prompt lookup and with a draft model (the tiny model in another type) gives
+    `cmd` the native build's tokens without speculation, for every tiny llama2 type (and something
+    was drafted each time)."""
+    for qtype, mlb in tiny_llama2.items():
+        plain, _ = greedy_ids([native], mlb, "1,2,3", 40)
+        draft = tiny_llama2["q8_0" if qtype == "q4_0" else "q4_0"]
+        for extra in [("--lookup", 1), ("--draft", draft, "--draft-max", 4)]:
+            got, spec = greedy_ids(cmd, mlb, "1,2,3", 40, *extra)
+            assert got == plain, f"{label} {qtype} {extra[0]}: greedy tokens differ from the plain run's"
+            assert spec is not None and spec[0] > 0, f"{label} {qtype} {extra[0]}: nothing drafted ({spec})"
 
 
 @pytest.fixture(scope="session")

@@ -29,13 +29,17 @@ pub struct SpecArgs {
     /// Most tokens drafted ahead per forward pass (fewer when guesses fail).
     #[arg(long = "draft-max", value_name = "K", default_value_t = 8)]
     pub draft_max: usize,
+    /// Fewest tokens drafted per pass when there is a guess, even when
+    /// guessing does not seem to pay (0: as measured).
+    #[arg(long = "draft-min", value_name = "K", default_value_t = 0)]
+    pub draft_min: usize,
 }
 
 /// What the options ask for, loaded: a source of drafts per sequence.
 pub enum SpecPlan {
     Off,
-    Lookup { ngram: usize, max: usize },
-    Draft { model: Arc<Model>, max: usize, batch: usize },
+    Lookup { ngram: usize, sizes: (usize, usize) },
+    Draft { model: Arc<Model>, sizes: (usize, usize), batch: usize },
 }
 
 impl SpecArgs {
@@ -46,6 +50,9 @@ impl SpecArgs {
         }
         if !(1..=32).contains(&self.draft_max) {
             return Err(format!("--draft-max {} must be from 1 to 32", self.draft_max));
+        }
+        if self.draft_min > self.draft_max {
+            return Err(format!("--draft-min {} must be at most --draft-max {}", self.draft_min, self.draft_max));
         }
         let (lookup, draft) = (self.lookup, self.draft.as_ref());
         if lookup > 0 && draft.is_some() {
@@ -58,7 +65,7 @@ impl SpecArgs {
             ));
         }
         if lookup > 0 {
-            return Ok(SpecPlan::Lookup { ngram: lookup, max: self.draft_max });
+            return Ok(SpecPlan::Lookup { ngram: lookup, sizes: (self.draft_min, self.draft_max) });
         }
         let Some(path) = draft else { return Ok(SpecPlan::Off) };
         let shown = path.display();
@@ -80,7 +87,7 @@ impl SpecArgs {
             let tokens = tokenizer.map_or(target.config.vocab_size, |t| t.vocab_size());
             check_vocab_sizes(tokens, model.config.vocab_size).map_err(|e| format!("--draft {shown}: {e}"))?;
         }
-        Ok(SpecPlan::Draft { model: Arc::new(model), max: self.draft_max, batch })
+        Ok(SpecPlan::Draft { model: Arc::new(model), sizes: (self.draft_min, self.draft_max), batch })
     }
 }
 
@@ -93,11 +100,11 @@ impl SpecPlan {
     pub fn speculator(&self, ctx: usize) -> Result<Option<Speculator>, String> {
         Ok(match self {
             SpecPlan::Off => None,
-            SpecPlan::Lookup { ngram, max } => Some(Speculator::new(Source::Lookup { ngram: *ngram }, *max)),
-            SpecPlan::Draft { model, max, batch } => {
+            SpecPlan::Lookup { ngram, sizes } => Some(Speculator::new(Source::Lookup { ngram: *ngram }, *sizes)),
+            SpecPlan::Draft { model, sizes, batch } => {
                 let state = State::new(&model.config, ctx.min(model.config.context_length))?;
                 let draft = DraftModel::new(model.clone(), Sequence::new(state), *batch);
-                Some(Speculator::new(Source::Model(draft), *max))
+                Some(Speculator::new(Source::Model(draft), *sizes))
             }
         })
     }
@@ -106,11 +113,14 @@ impl SpecPlan {
     pub fn describe(&self) -> Option<String> {
         match self {
             SpecPlan::Off => None,
-            SpecPlan::Lookup { ngram, max } => Some(format!("speculative: lookup {ngram}-grams, up to {max} ahead")),
-            SpecPlan::Draft { model, max, .. } => Some(format!(
-                "speculative: draft model {} ({:.1} M params), up to {max} ahead",
+            SpecPlan::Lookup { ngram, sizes } => {
+                Some(format!("speculative: lookup {ngram}-grams, up to {} ahead", sizes.1))
+            }
+            SpecPlan::Draft { model, sizes, .. } => Some(format!(
+                "speculative: draft model {} ({:.1} M params), up to {} ahead",
                 model.config.arch,
-                model.n_params() as f64 / 1e6
+                model.n_params() as f64 / 1e6,
+                sizes.1
             )),
         }
     }

@@ -133,21 +133,24 @@ impl SpecStats {
 /// the pacing.
 pub struct Speculator {
     source: Source,
-    max: usize,
+    /// Fewest and most guesses per pass.
+    sizes: (usize, usize),
     pacer: Pacer,
     pub stats: SpecStats,
 }
 
 impl Speculator {
-    pub fn new(source: Source, max: usize) -> Speculator {
-        Speculator { source, max, pacer: Pacer::new(max), stats: SpecStats::default() }
+    /// `sizes`: the fewest guesses per pass when guessing does not seem to
+    /// pay (0: none then), and the most.
+    pub fn new(source: Source, sizes: (usize, usize)) -> Speculator {
+        Speculator { source, sizes, pacer: Pacer::new(sizes.1), stats: SpecStats::default() }
     }
 
     /// A draft of at most `room` tokens to follow `context` (the tokens the
     /// target holds and the pending one).
     pub fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig) -> Result<Draft, String> {
-        let limit = self.max.min(room);
-        let k = self.pacer.choose(limit);
+        let limit = self.sizes.1.min(room);
+        let k = self.pacer.choose(limit).max(self.sizes.0.min(limit));
         if k == 0 {
             return Ok(Draft::default());
         }

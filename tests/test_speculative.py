@@ -1,0 +1,134 @@
+"""Speculative decoding (issue 17): `--lookup N` and `--draft FILE` give greedy output identical to
+decoding without them, on every x86-64 build (the ARM builds check the same through
+`tiny_logits_match_native`), on SmolLM2 with the committed benchmark prompts, and in `ml_server`
+with several sequences sharing a verification pass; what cannot work is refused with one line."""
+import pathlib
+import shutil
+import threading
+
+import pytest
+
+from conftest import REPO, FIXTURES, greedy_ids, run_ml, run_tool, speculative_matches_plain, SPEC_LINE
+from test_server import Server
+from test_server_batch import metrics
+
+DIST = REPO / "dist" / "linux-x86_64"
+QEMU = shutil.which("qemu-x86_64")
+# The oldest qemu CPU model each build runs on (avx512vnni: natively, on this machine's CPU).
+CPUS = {"sse2": "qemu64", "sse41": "Nehalem", "avx2": "Haswell", "avx512vnni": None}
+PROMPTS = sorted((REPO / "tools" / "speculative_prompts").glob("*.txt"))
+
+
+@pytest.mark.parametrize("isa", list(CPUS))
+def test_greedy_output_is_identical_with_and_without_speculation_on_every_x86_build(isa, native, tiny_llama2):
+    exe = DIST / f"ml_{isa}"
+    if not exe.is_file():
+        pytest.skip(f"no {exe}: run `cargo xtask dist linux-x86_64`")
+    if CPUS[isa] is None:
+        import subprocess
+        if subprocess.run([str(exe), "--version"], capture_output=True).returncode != 0:
+            pytest.skip(f"this CPU cannot run ml_{isa}")
+        cmd = [exe]
+    else:
+        if QEMU is None:
+            pytest.skip("qemu-x86_64 is not installed (apt-get install qemu-user)")
+        cmd = [QEMU, "-cpu", CPUS[isa], exe]
+    speculative_matches_plain(native, cmd, isa, tiny_llama2)
+
+
+def generate(model, prompt, n, *extra):
+    """(stdout, (drafted, accepted) or None) of `ml_run MODEL -f PROMPT -n N`, greedy."""
+    p = run_ml(model, "-f", prompt, "-n", n, "-t", 2, *extra)
+    m = SPEC_LINE.search(p.stderr)
+    return p.stdout, (int(m[1]), int(m[2])) if m else None
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p.stem for p in PROMPTS])
+def test_smollm2_prompt_lookup_is_identical_and_copies(smollm2_gguf, prompt):
+    plain, none = generate(smollm2_gguf, prompt, 128)
+    assert none is None and plain.strip()
+    text, (drafted, accepted) = generate(smollm2_gguf, prompt, 128, "--lookup", 2)
+    assert text == plain and drafted >= accepted
+    # every pass drafts when a guess exists (no pacing by measured time): the same guesses every run
+    text, (drafted, accepted) = generate(smollm2_gguf, prompt, 128, "--lookup", 2, "--draft-min", 4, "--draft-max", 4)
+    assert text == plain
+    if prompt.stem == "multi_turn":
+        assert accepted > 30, f"{prompt.stem}: copying should be guessed ({drafted} drafted, {accepted} kept)"
+
+
+def test_smollm2_draft_model_is_identical_and_guesses_well(smollm2_gguf, smol):
+    """The GGUF (Q4_1 read as Q4_0) drafts for the same model in Q8_0: a draft model of the same
+    family agrees with the target most of the time."""
+    prompt = REPO / "tools" / "speculative_prompts" / "multi_turn.txt"
+    target = [smol("q8_0"), "-z", smol("mlt")]
+    plain, _ = generate(target[0], prompt, 96, *target[1:])
+    text, (drafted, accepted) = generate(target[0], prompt, 96, *target[1:], "--draft", smollm2_gguf)
+    assert text == plain
+    assert accepted > drafted / 2, (drafted, accepted)
+
+
+def test_sampling_with_speculation_runs_to_the_limit(smollm2_gguf):
+    """With temperature the speculative rule keeps the distribution (sampler's chi-square unit test);
+    here: it runs through a whole answer with both kinds of draft."""
+    prompt = REPO / "tools" / "speculative_prompts" / "multi_turn.txt"
+    for extra in [("--lookup", 2), ("--draft", smollm2_gguf, "--draft-max", 3)]:
+        text, spec = generate(smollm2_gguf, prompt, 64, "--temp", 0.7, "--seed", 5, "--print-ids", *extra)
+        assert len(eval(text)) > 0 and spec is not None and spec[0] > 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lookup", 17], "--lookup 17 must be from 0 to 16"),
+    (["--draft-max", 0, "--lookup", 2], "--draft-max 0 must be from 1 to 32"),
+    (["--lookup", 2, "--draft", "x.gguf"], "--lookup and --draft are two ways to draft"),
+    (["--lookup", 2, "--draft-min", 9], "--draft-min 9 must be at most --draft-max 8"),
+])
+def test_bad_speculation_options_are_refused(tiny_llama2, args, needle):
+    p = run_ml(tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", 4, *args, check=False)
+    assert p.returncode != 0 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(smollm2_gguf, tiny_llama2):
+    p = run_ml(smollm2_gguf, "-p", "Hi", "-n", 4, "--draft", tiny_llama2["q8_0"], check=False)
+    assert p.returncode != 0 and "--draft" in p.stderr and "do not belong together" in p.stderr, p.stderr
+
+
+def test_a_recurrent_model_cannot_speculate(tmp_path):
+    mlb = tmp_path / "hybrid.mlb"
+    run_tool("convert.py", FIXTURES / "hf-tiny" / "qwen3_5-hybrid", "-o", mlb, "--type", "q8_0")
+    p = run_ml(mlb, "--prompt-ids", "1,2", "-n", 4, "--lookup", 2, check=False)
+    assert p.returncode != 0 and "recurrent (DeltaNet)" in p.stderr, p.stderr
+
+
+def chat(srv, messages, out, i):
+    r = srv.client().chat.completions.create(model="x", messages=messages, max_tokens=96, temperature=0)
+    out[i] = r.choices[0].message.content
+
+
+def test_server_lookup_is_identical_with_several_sequences_in_a_pass(tmp_path, smol):
+    files = smol("q4_0"), smol("mlt")
+    packing = [
+        {"role": "user", "content": "List five things to pack for a hike, one per line."},
+        {"role": "assistant", "content": "1. Water\n2. Map\n3. Rain jacket\n4. Snacks\n5. First aid kit"},
+        {"role": "user", "content": "Write the same list again, but put the map first."},
+    ]
+    story = [{"role": "user", "content": "Tell me a story about a cat."}]
+    conversations = [packing, story, packing]
+    answers = {}
+    for name, extra in [("plain", ()), ("lookup", ("--lookup", 2))]:
+        srv = Server(tmp_path, files, "--parallel", 3, *extra, key=None)
+        try:
+            out = [None] * len(conversations)
+            threads = [threading.Thread(target=chat, args=(srv, m, out, i)) for i, m in enumerate(conversations)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            answers[name] = out
+            counters = metrics(srv)
+            if name == "lookup":
+                assert counters["krafla:n_drafted_total"] > 0
+                assert counters["krafla:n_drafted_accepted_total"] > 0
+                assert "speculative: drafted" in srv.log_text()
+        finally:
+            srv.stop()
+    assert all(answers["plain"]) and answers["lookup"] == answers["plain"]
