@@ -2,13 +2,14 @@
 decoding without them, on every x86-64 build (the ARM builds check the same through
 `tiny_logits_match_native`), on SmolLM2 with the committed benchmark prompts, and in `ml_server`
 with several sequences sharing a verification pass; what cannot work is refused with one line."""
-import pathlib
+import json
 import shutil
+import subprocess
 import threading
 
 import pytest
 
-from conftest import REPO, FIXTURES, greedy_ids, run_ml, run_tool, speculative_matches_plain, SPEC_LINE
+from conftest import FIXTURES, REPO, SPEC_LINE, run_ml, run_tool, speculative_matches_plain
 from test_server import Server
 from test_server_batch import metrics
 
@@ -25,7 +26,6 @@ def test_greedy_output_is_identical_with_and_without_speculation_on_every_x86_bu
     if not exe.is_file():
         pytest.skip(f"no {exe}: run `cargo xtask dist linux-x86_64`")
     if CPUS[isa] is None:
-        import subprocess
         if subprocess.run([str(exe), "--version"], capture_output=True).returncode != 0:
             pytest.skip(f"this CPU cannot run ml_{isa}")
         cmd = [exe]
@@ -73,7 +73,7 @@ def test_sampling_with_speculation_runs_to_the_limit(smollm2_gguf):
     prompt = REPO / "tools" / "speculative_prompts" / "multi_turn.txt"
     for extra in [("--lookup", 2), ("--draft", smollm2_gguf, "--draft-max", 3)]:
         text, spec = generate(smollm2_gguf, prompt, 64, "--temp", 0.7, "--seed", 5, "--print-ids", *extra)
-        assert len(eval(text)) > 0 and spec is not None and spec[0] > 0
+        assert len(json.loads(text)) > 0 and spec is not None and spec[0] > 0
 
 
 @pytest.mark.parametrize("args, needle", [
