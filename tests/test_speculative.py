@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -104,6 +105,16 @@ def chat(srv, messages, out, i):
     out[i] = r.choices[0].message.content
 
 
+def log_line(srv, request_id):
+    """The access-log line of a request (written just after its answer)."""
+    for _ in range(100):
+        lines = [line for line in srv.log_text().splitlines() if f"request {request_id}:" in line]
+        if lines:
+            return lines[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no log line for {request_id}")
+
+
 def test_server_lookup_is_identical_with_several_sequences_in_a_pass(tmp_path, smol):
     files = smol("q4_0"), smol("mlt")
     packing = [
@@ -129,6 +140,11 @@ def test_server_lookup_is_identical_with_several_sequences_in_a_pass(tmp_path, s
                 assert counters["krafla:n_drafted_total"] > 0
                 assert counters["krafla:n_drafted_accepted_total"] > 0
                 assert "speculative: drafted" in srv.log_text()
+                # a request can turn it off (llama.cpp's field)
+                r = srv.client().chat.completions.create(model="x", messages=packing, max_tokens=96, temperature=0,
+                                                         extra_body={"speculative.n_max": 0})
+                assert r.choices[0].message.content == out[0]
+                assert log_line(srv, r.id).endswith("speculative: drafted 0, accepted 0 (0 %)")
         finally:
             srv.stop()
     assert all(answers["plain"]) and answers["lookup"] == answers["plain"]

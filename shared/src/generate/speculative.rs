@@ -133,7 +133,8 @@ impl SpecStats {
 /// the pacing.
 pub struct Speculator {
     source: Source,
-    /// Fewest and most guesses per pass.
+    /// Fewest and most guesses per pass: as configured, and for now.
+    configured: (usize, usize),
     sizes: (usize, usize),
     pacer: Pacer,
     pub stats: SpecStats,
@@ -143,7 +144,14 @@ impl Speculator {
     /// `sizes`: the fewest guesses per pass when guessing does not seem to
     /// pay (0: none then), and the most.
     pub fn new(source: Source, sizes: (usize, usize)) -> Speculator {
-        Speculator { source, sizes, pacer: Pacer::new(sizes.1), stats: SpecStats::default() }
+        Speculator { source, configured: sizes, sizes, pacer: Pacer::new(sizes.1), stats: SpecStats::default() }
+    }
+
+    /// Other sizes for the next sequence (None: as configured); at most the
+    /// configured most, and the fewest at most the most.
+    pub fn limit(&mut self, sizes: (Option<usize>, Option<usize>)) {
+        let max = sizes.1.unwrap_or(self.configured.1).min(self.configured.1);
+        self.sizes = (sizes.0.unwrap_or(self.configured.0).min(max), max);
     }
 
     /// A draft of at most `room` tokens to follow `context` (the tokens the

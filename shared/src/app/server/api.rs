@@ -191,7 +191,7 @@ impl Fields<'_> {
 }
 
 /// Fields both endpoints accept.
-const COMMON_FIELDS: [&str; 18] = [
+const COMMON_FIELDS: [&str; 20] = [
     "model",
     "max_tokens",
     "temperature",
@@ -210,6 +210,8 @@ const COMMON_FIELDS: [&str; 18] = [
     "logit_bias",
     "ignore_eos",
     "timeout",
+    "speculative.n_max",
+    "speculative.n_min",
 ];
 /// The longest `timeout` a request may ask for: a day.
 const MAX_TIMEOUT: f64 = 86_400.0;
@@ -270,6 +272,8 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
     };
     let stop = parse_stop(f.get("stop"))?;
     let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
+    let draft_max = f.int("speculative.n_max", 0, 32)?.map(|n| n as usize);
+    let draft_min = f.int("speculative.n_min", 0, 32)?.map(|n| n as usize);
     let timeout = match f.get("timeout") {
         None => None,
         Some(Value::Number(n)) => match n.as_f64() {
@@ -368,6 +372,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         logprobs,
         ignore_eos,
         timeout,
+        draft_sizes: (draft_min, draft_max),
     };
     Ok(GenRequest {
         chat,
@@ -707,6 +712,11 @@ mod tests {
         assert_eq!(code(r#"{"prompt":"x","repeat_penalty":0}"#, false), "invalid_value");
         assert_eq!(code(r#"{"prompt":"x","temperature":1e999}"#, false), "invalid_json");
         assert_eq!(parse(r#"{"prompt":"x","repeat_penalty":1.3}"#, false).unwrap().params.repeat_penalty, 1.3);
+        // llama.cpp's draft sizes, flat dotted names
+        let r = parse(r#"{"prompt":"x","speculative.n_max":0,"speculative.n_min":2}"#, false).unwrap();
+        assert_eq!(r.params.draft_sizes, (Some(2), Some(0)));
+        assert_eq!(code(r#"{"prompt":"x","speculative.n_max":33}"#, false), "invalid_value");
+        assert_eq!(code(r#"{"prompt":"x","speculative":{"n_max":3}}"#, false), "unsupported_parameter");
         // Integers beyond 64 bits are out of range; fractions are not integers.
         for big in ["18446744073709551616", "-9223372036854775809", "1e30"] {
             let e = parse(&format!(r#"{{"prompt":"x","max_tokens":{big}}}"#), false).unwrap_err();

@@ -47,6 +47,10 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// Seconds the request may take, from its arrival to its last token.
     pub timeout: Option<f64>,
+    /// Fewest and most tokens drafted per pass, where the server drafts
+    /// (llama.cpp's `speculative.n_min`, `speculative.n_max`); None: the
+    /// server's `--draft-min`, `--draft-max`.
+    pub draft_sizes: (Option<usize>, Option<usize>),
 }
 
 /// Log-probability of one generated token (natural log, from the raw logits).
@@ -282,6 +286,9 @@ impl Engine {
             return;
         }
         let slot = &mut self.slots[i];
+        if let Some(s) = &mut slot.speculator {
+            s.limit(job.params.draft_sizes);
+        }
         let cached = slot.seq.reuse_prefix(p);
         self.admitted += 1;
         slot.active = Some(Active {
