@@ -2,7 +2,7 @@
 //! softmax → top-p → min-p → draw, in llama.cpp's order.
 
 /// Sampling settings. `temperature` 0 means greedy.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
     pub temperature: f32,
     pub top_k: usize,

@@ -55,10 +55,10 @@ impl DraftModel {
         max: usize,
         config: &SamplerConfig,
     ) -> Result<(Vec<u32>, Vec<Distribution>), String> {
-        if self.sampler.config.seed != config.seed.wrapping_add(1)
-            || self.sampler.config.temperature != config.temperature
-        {
-            self.sampler = Sampler::new(SamplerConfig { seed: config.seed.wrapping_add(1), ..config.clone() });
+        // its own random stream, from the target's settings and the seed after the target's
+        let wanted = SamplerConfig { seed: config.seed.wrapping_add(1), ..config.clone() };
+        if self.sampler.config != wanted {
+            self.sampler = Sampler::new(wanted);
         }
         let room = self.seq.state().ctx;
         if context.len() + max > room {
