@@ -104,7 +104,7 @@ impl SpecPlan {
             SpecPlan::Draft { model, sizes, batch } => {
                 let state = State::new(&model.config, ctx.min(model.config.context_length))?;
                 let draft = DraftModel::new(model.clone(), Sequence::new(state), *batch);
-                Some(Speculator::new(Source::Model(draft), *sizes))
+                Some(Speculator::new(Source::Model(Box::new(draft)), *sizes))
             }
         })
     }

@@ -29,7 +29,7 @@ pub enum Source {
     /// Prompt lookup with n-grams of this many tokens.
     Lookup { ngram: usize },
     /// A draft model and its sequence (its own KV cache).
-    Model(DraftModel),
+    Model(Box<DraftModel>),
 }
 
 /// A small model of the target's vocabulary that guesses the next tokens.
