@@ -364,9 +364,9 @@ pub fn pack_scales_mins_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
 
 /// An eight-row interleaved block and the plain block of each of its rows
 /// (the repack functions above make one; `row` takes it apart again).
-pub trait Rows8: Pod {
+pub trait Rows8: Pod + Sync {
     /// The block of one row.
-    type Row: Pod;
+    type Row: Pod + Send;
     /// Row k's block (0 ≤ k < 8). Q8: the quants as stored XOR `bias`.
     fn row(&self, k: usize, bias: u8) -> Self::Row;
 }
@@ -417,17 +417,23 @@ impl Rows8 for BlockQ6Kx8 {
 
 /// Rows 0 .. 8·⌊rows/8⌋ of a matrix with `nb` blocks a row, back in the
 /// plain row layout from their eight-row groups (`packed`: group g's block
-/// b at g·nb + b); the Q8 quants XOR `bias`.
+/// b at g·nb + b); the Q8 quants XOR `bias`. Groups are taken apart on all
+/// threads of the current pool.
 pub fn deinterleave_x8<X: Rows8>(packed: &[X], nb: usize, bias: u8, what: &str) -> Result<Vec<X::Row>, String> {
-    let n = packed.len() * ROWS8;
+    use rayon::prelude::*;
+    let nb = nb.max(1);
+    let n = packed.len() / nb * nb * ROWS8;
     let mut out = Vec::new();
     out.try_reserve_exact(n)
         .map_err(|_| format!("out of memory de-interleaving {what} ({} bytes)", n * std::mem::size_of::<X::Row>()))?;
-    for group in packed.chunks_exact(nb.max(1)) {
-        for k in 0..ROWS8 {
-            out.extend(group.iter().map(|x| x.row(k, bias)));
+    out.resize(n, X::Row::zeroed());
+    out.par_chunks_mut(ROWS8 * nb).zip(packed.par_chunks(nb)).for_each(|(rows, group)| {
+        for (k, row) in rows.chunks_exact_mut(nb).enumerate() {
+            for (r, x) in row.iter_mut().zip(group) {
+                *r = x.row(k, bias);
+            }
         }
-    }
+    });
     Ok(out)
 }
 
