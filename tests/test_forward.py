@@ -93,11 +93,13 @@ def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converte
 
 @pytest.mark.parametrize("family,qtype", [("smollm2-tied", "q8_0"), ("smollm2-tied", "q4_0"),
                                           ("qwen3_5-hybrid", "q4_0"), ("gemma3-local-global", "q8_0")])
-def test_repacked_weights_give_identical_logits(family, qtype, converted, tmp_path):
-    """x86 builds copy Q8_0/Q4_0 matrices into eight-row interleaved groups at load (the startup
-    line counts them); --no-repack keeps only the mapped file. Same logits, byte for byte."""
+def test_repacked_weights_give_identical_logits(family, qtype, tmp_path):
+    """x86 builds copy Q8_0/Q4_0 matrices stored in plain rows (`convert.py --layout rows`) into
+    eight-row interleaved groups at load (the startup line counts them); --no-repack keeps only the
+    mapped file. Same logits, byte for byte. (Files stored in the groups: tests/test_layout.py.)"""
     ids, _, _ = reference(family)
-    mlb = converted(family, qtype)
+    mlb = tmp_path / "plain.mlb"
+    run_tool("convert.py", FIXTURES / "hf-tiny" / family, "-o", mlb, "--type", qtype, "--layout", "rows")
     ids_arg = ",".join(map(str, ids))
     p = run_ml(mlb, "--prompt-ids", ids_arg, "-n", "0")
     repacked = float(re.search(r"\+ ([0-9.]+) MiB repacked weights", p.stderr).group(1))

@@ -3,7 +3,7 @@
 
     python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,q4_k_m,auto,f32,f16}
                              [--q4-scale {fit,max}] [--k-rule {search,minmax}] [--scale-type {f16,f32}]
-                             [--imatrix FILE.npz] [--requantize]
+                             [--imatrix FILE.npz] [--requantize] [--layout {rows8,rows}]
 
 SRC is one of
   * a Hugging Face directory (config.json + *.safetensors, sharded or not),
@@ -19,7 +19,10 @@ Q4_K_M mix of Q4_K and Q6_K (rows not a multiple of 256: Q8_0) from the
 float weights; from a GGUF file it keeps the tensors already in a quantised
 type Krafla reads (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and quantises the rest
 (F32/F16/BF16 included).  `--requantize` keeps nothing: every tensor is
-quantised from its dequantised values.  Errors the user can fix
+quantised from its dequantised values.  `--layout rows8` (the default)
+stores Q8_0, Q4_0, Q4_K and Q6_K matrices in the eight-row groups the
+kernels read (docs/FORMAT.md, "Tensor layouts"), as `ml_run --save` does;
+`--layout rows` writes plain rows only (a version 1 file).  Errors the user can fix
 (unsupported architecture, missing tensor, bad file) print one line and
 exit with status 2, leaving no output or temp file behind.
 """
@@ -153,7 +156,7 @@ def load_imatrix(path):
 
 
 def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None,
-            k_rule=None, requantize=False):
+            k_rule=None, requantize=False, layout="rows8"):
     imat = load_imatrix(imatrix) if imatrix else {}
     meta, tensors = load_source(src)
     gguf_source = any(len(t) > 2 for t in tensors.values())
@@ -201,7 +204,7 @@ def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.st
     tmp = out + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            mlb.write_mlb(f, meta, plan, progress)
+            mlb.write_mlb(f, meta, plan, progress, rows8=layout == "rows8")
         os.replace(tmp, out)
     except BaseException:
         try:
@@ -244,10 +247,13 @@ def main(argv=None):
                     "weighting the Q4 fit per input column")
     ap.add_argument("--requantize", action="store_true",
                     help="GGUF sources: keep no tensor as it is; quantise each from its dequantised floats")
+    ap.add_argument("--layout", default="rows8", choices=["rows8", "rows"],
+                    help="rows8: Q8_0/Q4_0/Q4_K/Q6_K matrices in the eight-row groups the kernels read, used in "
+                    "place at load; rows: plain rows only (docs/FORMAT.md)")
     a = ap.parse_args(argv)
     try:
         convert(a.src, a.output, a.type, a.q4_scale, a.scale_type, imatrix=a.imatrix, k_rule=a.k_rule,
-                requantize=a.requantize)
+                requantize=a.requantize, layout=a.layout)
     except (ConvertError, mlb.MlbError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

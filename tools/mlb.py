@@ -20,8 +20,14 @@ import struct
 
 import numpy as np
 
+import mlb_layout
+
 MAGIC = b"KRAFLAMB"
-VERSION = 1
+# Version 2 has a layout field in each tensor entry; a file whose tensors are
+# all plain rows is written as version 1, without it (docs/FORMAT.md).
+VERSION, VERSION_ROWS = 2, 1
+LAYOUT_ROWS, LAYOUT_ROWS8 = 0, 1
+LAYOUT_NAMES = {LAYOUT_ROWS: "rows", LAYOUT_ROWS8: "rows8"}
 
 F32, F16, Q8_0, Q4_0, Q8_0_F32, Q4_0_F32 = 0, 1, 2, 3, 4, 5
 Q4_K, Q5_K, Q6_K = 6, 7, 8
@@ -63,6 +69,24 @@ def tensor_nbytes(ttype, shape):
             raise MlbError(f"last dim {shape[-1]} is not a multiple of {QK_K}")
         return n // QK_K * K_BLOCK_BYTES[ttype]
     raise MlbError(f"unknown tensor type {ttype}")
+
+
+def stored_nbytes(ttype, shape, layout):
+    """Bytes of a tensor as stored in `layout`."""
+    if layout == LAYOUT_ROWS8:
+        if len(shape) != 2 or ttype not in mlb_layout.GROUP_BLOCK:
+            raise MlbError(f"layout rows8 needs a 2-D q8_0, q4_0, q4_k or q6_k matrix, not type {ttype} {list(shape)}")
+        tensor_nbytes(ttype, shape)  # checks the row length
+        return mlb_layout.nbytes(ttype, int(shape[0]), int(shape[1]))
+    return tensor_nbytes(ttype, shape)
+
+
+def saved_layout(ttype, shape):
+    """The layout writers store a tensor in by default (Rust: format::mlb::saved_layout): the eight-row
+    groups for a matrix of a type the kernels read so with at least eight rows, else plain rows."""
+    if len(shape) == 2 and int(shape[0]) >= mlb_layout.ROWS8 and ttype in mlb_layout.GROUP_BLOCK:
+        return LAYOUT_ROWS8
+    return LAYOUT_ROWS
 
 
 def _align(n, a=64):
@@ -503,40 +527,47 @@ def _meta_bytes(key, value):
     raise MlbError(f"unsupported metadata value for {key!r}: {type(value).__name__}")
 
 
-def write_mlb(fileobj, meta, tensors, progress=None):
+def write_mlb(fileobj, meta, tensors, progress=None, rows8=True):
     """Write an .mlb.
 
     meta: dict key -> int / float / str / list of int / list of float.
     tensors: list of (name, ttype, shape, producer) where producer() returns
-             the encoded bytes (len must equal tensor_nbytes(ttype, shape)).
+             the encoded bytes in plain rows (len must equal tensor_nbytes(ttype, shape)).
              Producers are called one at a time, in order (streaming).
     progress: optional callback(index, name, ttype, shape) before each tensor.
+    rows8: store matrices in their `saved_layout` (the eight-row groups the
+           kernels read); False: every tensor in plain rows (a version 1 file).
     """
     if len(meta) > 4096 or len(tensors) > 65536:
         raise MlbError("too many metadata entries or tensors")
     names = [t[0] for t in tensors]
     if len(set(names)) != len(names):
         raise MlbError("duplicate tensor names")
-    head = bytearray(MAGIC + struct.pack("<IIII", VERSION, len(meta), len(tensors), 0))
+    layouts = [saved_layout(ttype, shape) if rows8 else LAYOUT_ROWS for _, ttype, shape, _ in tensors]
+    version = VERSION if any(lay != LAYOUT_ROWS for lay in layouts) else VERSION_ROWS
+    head = bytearray(MAGIC + struct.pack("<IIII", version, len(meta), len(tensors), 0))
     for k, v in meta.items():
         head += _meta_bytes(k, v)
     offsets, off = [], 0
-    for name, ttype, shape, _ in tensors:
+    for (name, ttype, shape, _), layout in zip(tensors, layouts):
         if not 1 <= len(shape) <= 4:
             raise MlbError(f"{name}: bad rank {len(shape)}")
         offsets.append(off)
-        off = _align(off + tensor_nbytes(ttype, shape))
-    for (name, ttype, shape, _), o in zip(tensors, offsets):
+        off = _align(off + stored_nbytes(ttype, shape, layout))
+    for (name, ttype, shape, _), o, layout in zip(tensors, offsets, layouts):
         nb = name.encode()
         if not 1 <= len(nb) <= 256:
             raise MlbError(f"bad tensor name {name!r}")
-        head += struct.pack("<I", len(nb)) + nb + struct.pack("<II", ttype, len(shape))
+        head += struct.pack("<I", len(nb)) + nb + struct.pack("<I", ttype)
+        if version == VERSION:
+            head += struct.pack("<I", layout)
+        head += struct.pack("<I", len(shape))
         head += struct.pack(f"<{len(shape)}Q", *map(int, shape)) + struct.pack("<Q", o)
     data_start = _align(len(head))
     head += b"\0" * (data_start - len(head))
     fileobj.write(head)
     pos = 0
-    for i, ((name, ttype, shape, producer), o) in enumerate(zip(tensors, offsets)):
+    for i, ((name, ttype, shape, producer), o, layout) in enumerate(zip(tensors, offsets, layouts)):
         if progress:
             progress(i, name, ttype, shape)
         if o > pos:
@@ -545,6 +576,8 @@ def write_mlb(fileobj, meta, tensors, progress=None):
         raw = producer()
         if len(raw) != tensor_nbytes(ttype, shape):
             raise MlbError(f"{name}: produced {len(raw)} bytes, expected {tensor_nbytes(ttype, shape)}")
+        if layout == LAYOUT_ROWS8:
+            raw = mlb_layout.interleave(raw, ttype, int(shape[0]), int(shape[1]))
         fileobj.write(raw)
         pos += len(raw)
     end = _align(pos)
@@ -556,7 +589,8 @@ def write_mlb(fileobj, meta, tensors, progress=None):
 # reader
 
 class MlbReader:
-    """Reads an .mlb (validating counts and offsets). Tensor data via np.memmap."""
+    """Reads an .mlb (validating counts and offsets). Tensor data via np.memmap;
+    `tensors[name]` = (type, shape, offset), `layouts[name]` its layout."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
@@ -593,7 +627,7 @@ class MlbReader:
             raise MlbError("bad magic")
         p = 8
         ver, n_meta, n_tensors, _ = rd("<IIII")
-        if ver != VERSION:
+        if ver not in (VERSION, VERSION_ROWS):
             raise MlbError(f"unsupported version {ver}")
         if n_meta > 4096 or n_tensors > 65536:
             raise MlbError("too many entries")
@@ -618,9 +652,14 @@ class MlbReader:
                 raise MlbError(f"duplicate key {k}")
             self.meta[k] = v
         self.tensors = {}
+        self.layouts = {}
         for _ in range(n_tensors):
             name = rstr(256)
-            ttype, nd = rd("<II")
+            (ttype,) = rd("<I")
+            (layout,) = rd("<I") if ver == VERSION else (LAYOUT_ROWS,)
+            if layout not in LAYOUT_NAMES:
+                raise MlbError(f"{name}: unknown layout {layout}")
+            (nd,) = rd("<I")
             if not 1 <= nd <= 4:
                 raise MlbError(f"{name}: bad rank")
             shape = rd(f"<{nd}Q")
@@ -628,18 +667,27 @@ class MlbReader:
             if name in self.tensors:
                 raise MlbError(f"duplicate tensor {name}")
             self.tensors[name] = (ttype, tuple(shape), off)
+            self.layouts[name] = layout
         self.data_start = _align(p)
         for name, (ttype, shape, off) in self.tensors.items():
             if off % 64:
                 raise MlbError(f"{name}: misaligned offset")
-            if self.data_start + off + tensor_nbytes(ttype, shape) > size:
+            if self.data_start + off + stored_nbytes(ttype, shape, self.layouts[name]) > size:
                 raise MlbError(f"{name}: extends past end of file")
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
 
-    def raw(self, name):
+    def stored(self, name):
+        """The tensor's bytes as stored (in its layout)."""
         ttype, shape, off = self.tensors[name]
         s = self.data_start + off
-        return self._mm[s:s + tensor_nbytes(ttype, shape)]
+        return self._mm[s:s + stored_nbytes(ttype, shape, self.layouts[name])]
+
+    def raw(self, name):
+        """The tensor's bytes in plain rows (the type's layout, docs/FORMAT.md)."""
+        ttype, shape, _ = self.tensors[name]
+        if self.layouts[name] == LAYOUT_ROWS8:
+            return np.frombuffer(mlb_layout.deinterleave(self.stored(name), ttype, *shape), np.uint8)
+        return self.stored(name)
 
     def get(self, name):
         """Dequantised float32 copy of a tensor."""

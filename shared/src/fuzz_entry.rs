@@ -36,14 +36,20 @@ fn exercise(tok: &Tokenizer) {
     }
 }
 
-/// An `.mlb` file, then the model configuration a load derives from it.
+/// An `.mlb` file, then the model configuration a load derives from it
+/// and, when it is valid, the weights' load (shapes checked against it,
+/// matrices repacked, or used in place or de-interleaved from their
+/// stored eight-row groups).
 pub fn mlb(data: &[u8]) {
     match Mlb::from_bytes(data.to_vec(), "fuzz.mlb") {
-        Ok(f) => {
-            if let Err(e) = Config::from_mlb(&f) {
-                one_line(&e);
+        Ok(f) => match Config::from_mlb(&f) {
+            Ok(_) => {
+                if let Err(e) = crate::model::Model::from_mlb(std::sync::Arc::new(f), Default::default()) {
+                    one_line(&e);
+                }
             }
-        }
+            Err(e) => one_line(&e),
+        },
         Err(e) => one_line(&e),
     }
 }

@@ -173,9 +173,10 @@ pub const ROWS8: usize = 8;
 /// Block b of eight consecutive Q8_0 rows, interleaved for the eight-row
 /// kernels: `d[k]` is row k's scale, `qs[32·i + 4·k + e]` is row k's quant
 /// 4·i + e XOR the build's bias (`repack_q8_x8`), so one 32-byte load holds
-/// four quants of each of the eight rows. Made at load time, in memory.
+/// four quants of each of the eight rows. Made at load time, or stored so
+/// in the file (bias 0: docs/FORMAT.md, layout `rows8`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ8_0x8 {
     pub d: [f16; ROWS8],
     pub qs: [u8; ROWS8 * QK],
@@ -186,7 +187,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0x8>() == 8 * 34);
 /// `qs[32·i + 4·k + e]` is row k's nibble byte 4·i + e (elements 4·i + e
 /// and 16 + 4·i + e).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ4_0x8 {
     pub d: [f16; ROWS8],
     pub qs: [u8; ROWS8 * QK / 2],
@@ -246,7 +247,7 @@ pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ
 /// holds, in 32-bit lane k, row k's codes 4g..4g + 4 of sub-block 2c (low
 /// nibbles) and of sub-block 2c + 1 (high nibbles). 1184 bytes for 8 × 144.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct BlockQ4Kx8 {
     pub d: [f16; ROWS8],
     pub dmin: [f16; ROWS8],
@@ -277,6 +278,12 @@ pub struct BlockQ6Kx8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 16 + 128 + 1536);
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx8>() == 8 * std::mem::size_of::<BlockQ6K>());
+// SAFETY: `#[repr(C)]` of f16, i8 and u8 arrays (every bit pattern a
+// valid value) with no padding (the size asserts above: 16 + 128 + 1536);
+// bytemuck's derive does not reach a [u8; 1536] field.
+unsafe impl Zeroable for BlockQ6Kx8 {}
+// SAFETY: as for `Zeroable` above; the type is `Copy` and `'static`.
+unsafe impl Pod for BlockQ6Kx8 {}
 
 impl BlockQ6Kx8 {
     /// Where row k's weight e lives in `qs` (the layout above): the byte
@@ -341,6 +348,103 @@ pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ
         }
         x
     })
+}
+
+/// The 12 packed bytes of eight 6-bit scales and mins: the inverse of
+/// `scales_mins_k4` (each value < 64; every 12 bytes are reached).
+pub fn pack_scales_mins_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for i in 0..4 {
+        s[i] = (sc[i] & 63) | ((sc[4 + i] >> 4) << 6);
+        s[4 + i] = (mn[i] & 63) | ((mn[4 + i] >> 4) << 6);
+        s[8 + i] = (sc[4 + i] & 15) | ((mn[4 + i] & 15) << 4);
+    }
+    s
+}
+
+/// An eight-row interleaved block and the plain block of each of its rows
+/// (the repack functions above make one; `row` takes it apart again).
+pub trait Rows8: Pod + Sync {
+    /// The block of one row.
+    type Row: Pod + Send;
+    /// Row k's block (0 ≤ k < 8). Q8: the quants as stored XOR `bias`.
+    fn row(&self, k: usize, bias: u8) -> Self::Row;
+}
+
+impl Rows8 for BlockQ8_0x8 {
+    type Row = BlockQ8_0;
+    fn row(&self, k: usize, bias: u8) -> BlockQ8_0 {
+        BlockQ8_0 { d: self.d[k], qs: std::array::from_fn(|j| (self.qs[32 * (j / 4) + 4 * k + j % 4] ^ bias) as i8) }
+    }
+}
+
+impl Rows8 for BlockQ4_0x8 {
+    type Row = BlockQ4_0;
+    fn row(&self, k: usize, _bias: u8) -> BlockQ4_0 {
+        BlockQ4_0 { d: self.d[k], qs: std::array::from_fn(|j| self.qs[32 * (j / 4) + 4 * k + j % 4]) }
+    }
+}
+
+impl Rows8 for BlockQ4Kx8 {
+    type Row = BlockQ4K;
+    fn row(&self, k: usize, _bias: u8) -> BlockQ4K {
+        let sc = std::array::from_fn(|j| self.scales[j][k]);
+        let mn = std::array::from_fn(|j| self.mins[j][k]);
+        BlockQ4K {
+            d: self.d[k],
+            dmin: self.dmin[k],
+            scales: pack_scales_mins_k4(&sc, &mn),
+            qs: std::array::from_fn(|i| self.qs[256 * (i / 32) + 32 * ((i % 32) / 4) + 4 * k + i % 4]),
+        }
+    }
+}
+
+impl Rows8 for BlockQ6Kx8 {
+    type Row = BlockQ6K;
+    fn row(&self, k: usize, _bias: u8) -> BlockQ6K {
+        let mut b =
+            BlockQ6K { ql: [0; 128], qh: [0; 64], scales: std::array::from_fn(|i| self.scales[i][k]), d: self.d[k] };
+        for e in 0..QK_K {
+            // where q6k_code reads code e
+            let (h, r, l) = (e / 128, (e % 128) / 32, e % 32);
+            let q = self.code(k, e);
+            b.ql[64 * h + 32 * (r % 2) + l] |= (q & 15) << (4 * (r / 2));
+            b.qh[32 * h + l] |= (q >> 4) << (2 * r);
+        }
+        b
+    }
+}
+
+/// Rows 0 .. 8·⌊rows/8⌋ of a matrix with `nb` blocks a row, back in the
+/// plain row layout from their eight-row groups (`packed`: group g's block
+/// b at g·nb + b); the Q8 quants XOR `bias`. Groups are taken apart on all
+/// threads of the current pool.
+pub fn deinterleave_x8<X: Rows8>(packed: &[X], nb: usize, bias: u8, what: &str) -> Result<Vec<X::Row>, String> {
+    use rayon::prelude::*;
+    let nb = nb.max(1);
+    let n = packed.len() / nb * nb * ROWS8;
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| format!("out of memory de-interleaving {what} ({} bytes)", n * std::mem::size_of::<X::Row>()))?;
+    out.resize(n, X::Row::zeroed());
+    out.par_chunks_mut(ROWS8 * nb).zip(packed.par_chunks(nb)).for_each(|(rows, group)| {
+        for (k, row) in rows.chunks_exact_mut(nb).enumerate() {
+            for (r, x) in row.iter_mut().zip(group) {
+                *r = x.row(k, bias);
+            }
+        }
+    });
+    Ok(out)
+}
+
+/// Eight-row Q8_0 groups with every quant XOR `bias` (a build whose kernels
+/// read another bias than the file's 0: `Kernels::Q8_X8_BIAS`).
+pub fn rebias_q8_x8(packed: &[BlockQ8_0x8], bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(packed.len())
+        .map_err(|_| format!("out of memory repacking {what} ({} bytes)", std::mem::size_of_val(packed)))?;
+    out.extend(packed.iter().map(|x| BlockQ8_0x8 { d: x.d, qs: x.qs.map(|q| q ^ bias) }));
+    Ok(out)
 }
 
 /// Activation block: x ≈ d · q, `sum` = Σ q (exact).
@@ -546,6 +650,56 @@ pub fn dequant_q4<B: Q4Block>(blocks: &[B], out: &mut [f32]) {
         for (j, &byte) in b.nibbles().iter().enumerate() {
             o[j] = d * ((byte & 0x0f) as i32 - 8) as f32;
             o[j + QK / 2] = d * ((byte >> 4) as i32 - 8) as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks of arbitrary bytes (every bit pattern is a block: `Pod`).
+    fn blocks<B: Pod>(n: usize, seed: u64) -> Vec<B> {
+        let mut state = seed;
+        let mut bytes = vec![0u8; n * std::mem::size_of::<B>()];
+        for b in &mut bytes {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *b = (state >> 33) as u8;
+        }
+        bytes.chunks_exact(std::mem::size_of::<B>()).map(bytemuck::pod_read_unaligned).collect()
+    }
+
+    fn round_trip<X: Rows8>(w: &[X::Row], nb: usize, bias: u8, packed: &[X]) {
+        let back = deinterleave_x8(packed, nb, bias, "test").unwrap();
+        let whole = packed.len() * ROWS8;
+        assert_eq!(back.len(), whole);
+        assert_eq!(bytemuck::cast_slice::<_, u8>(&back), bytemuck::cast_slice::<_, u8>(&w[..whole]));
+    }
+
+    #[test]
+    fn interleaving_round_trips_every_bit() {
+        // 19 rows: two whole groups and a tail of three rows that stay plain
+        let (rows, nb) = (19, 3);
+        for bias in [0, 0x80] {
+            let w: Vec<BlockQ8_0> = blocks(rows * nb, 1);
+            let packed = repack_q8_x8(&w, nb, bias, "test").unwrap();
+            assert_eq!(packed.len(), 2 * nb);
+            round_trip(&w, nb, bias, &packed);
+            round_trip(&w, nb, bias ^ 0x80, &rebias_q8_x8(&packed, 0x80, "test").unwrap());
+        }
+        let w: Vec<BlockQ4_0> = blocks(rows * nb, 2);
+        round_trip(&w, nb, 0, &repack_q4_x8(&w, nb, "test").unwrap());
+        let w: Vec<BlockQ4K> = blocks(rows * nb, 3);
+        round_trip(&w, nb, 0, &repack_q4k_x8(&w, nb, "test").unwrap());
+        let w: Vec<BlockQ6K> = blocks(rows * nb, 4);
+        round_trip(&w, nb, 0, &repack_q6k_x8(&w, nb, "test").unwrap());
+    }
+
+    #[test]
+    fn k4_scales_pack_and_unpack_inversely() {
+        for s in blocks::<[u8; 12]>(64, 5) {
+            let (sc, mn) = scales_mins_k4(&s);
+            assert_eq!(pack_scales_mins_k4(&sc, &mn), s);
         }
     }
 }

@@ -5,7 +5,9 @@ that parse.
   .mlb   the metadata of each tiny Hugging Face fixture (../shared/fixtures/
          hf-tiny/<family>, converted by tools/convert.py) with two small
          tensors instead of the weights: a model configuration goes through
-         every check, and a seed stays below 2 KB;
+         every check, and a seed stays below 2 KB; one more (llama2-rows8)
+         with an eight-row matrix in the eight-row groups (version 2, a
+         layout field in each tensor entry);
   .mlt   the SmolLM2 (byte-level) and Gemma 3 (SentencePiece) tokenizers of
          ../shared/fixtures/tokenizers cut to their first tokens (and the
          merges among them) by tools/convert_tokenizer.py, and the tokenizer
@@ -58,6 +60,13 @@ def mlb_seeds(tmp):
             mlb.write_mlb(f, meta, [("output_norm", mlb.F32, [32], lambda: norm),
                                     ("token_embd", mlb.Q8_0, [2, 32], lambda: q8)])
         put("mlb", f"{fam}.mlb", small.read_bytes())
+    # version 2: token_embd with eight rows, stored in the eight-row groups (layout rows8)
+    q8x8 = mlb.encode(np.linspace(-1, 1, 256, dtype=np.float32).reshape(8, 32), mlb.Q8_0)
+    rows8 = tmp / "llama2-rows8.mlb"
+    with open(rows8, "wb") as f:
+        mlb.write_mlb(f, mlb.MlbReader(tmp / "llama2.mlb").meta, [("output_norm", mlb.F32, [32], lambda: norm),
+                                                               ("token_embd", mlb.Q8_0, [8, 32], lambda: q8x8)])
+    put("mlb", "llama2-rows8.mlb", rows8.read_bytes())
 
 
 def cut(tok, n):

@@ -85,8 +85,9 @@ pub struct RunArgs {
     /// System prompt for the chat template.
     #[arg(long)]
     pub system: Option<String>,
-    /// Keep Q8_0/Q4_0 (Q4_K/Q6_K) weights only in the mapped file: no interleaved copy
-    /// for the eight-row kernels (slower, less memory; same logits).
+    /// Keep Q8_0/Q4_0 (Q4_K/Q6_K) weights stored in plain rows only in the mapped file: no
+    /// interleaved copy for the eight-row kernels (slower, less memory; same logits). Weights
+    /// stored in eight-row groups (files written by --save or convert.py) are read in place anyway.
     #[arg(long)]
     pub no_repack: bool,
 }
@@ -237,7 +238,11 @@ pub fn check_vocab_sizes(tokens: usize, rows: usize) -> Result<(), String> {
 }
 
 /// The line both executables print when a model is loaded: the build, the
-/// threads, the model, how long loading took and the memory it takes.
+/// threads, the model, how long loading took and the memory it takes: the
+/// file's weights (mapped, or partly converted at load from a GGUF file)
+/// and the copies loading made of them (eight-row groups repacked from
+/// plain rows; plain rows de-interleaved from a file's eight-row groups,
+/// on builds without eight-row kernels).
 pub fn startup_line(
     path: &Path,
     model: &Model,
@@ -248,18 +253,22 @@ pub fn startup_line(
     kv: KvType,
 ) -> String {
     let mib = |b: f64| b / 1048576.0;
+    let copies = model.weight_copies();
     super::escape_line(&format!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params, loaded in {load_secs:.2} s), ctx {ctx}, \
-         memory: {:.1} MiB weights ({}) + {:.1} MiB repacked weights + {:.1} MiB KV cache ({})",
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params, loaded in {:.0} ms), ctx {ctx}, \
+         memory: {:.1} MiB weights ({}) + {:.1} MiB repacked weights + {:.1} MiB de-interleaved weights \
+         + {:.1} MiB KV cache ({})",
         path.display(),
         model.config.arch,
         model.n_params() as f64 / 1e6,
+        load_secs * 1e3,
         mib(model.file.file_len() as f64),
         match model.file.made_bytes() {
             0 => "mapped".to_string(),
             made => format!("{:.1} MiB of them converted at load", mib(made as f64)),
         },
-        mib(model.repacked_bytes() as f64),
+        mib(copies.repacked as f64),
+        mib(copies.deinterleaved as f64),
         mib(state.bytes() as f64),
         kv.name()
     ))

@@ -9,10 +9,18 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::bytes::ByteReader;
-use crate::quant::{BlockQ4K, BlockQ4_0, BlockQ4_0F32, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0F32, QK, QK_K};
+use crate::quant::{
+    repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
+    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+};
 
 pub const MAGIC: &[u8; 8] = b"KRAFLAMB";
-pub const VERSION: u32 = 1;
+/// The version of files whose tensor entries have a layout field; writers
+/// write it when a tensor is not in the plain row layout.
+pub const VERSION: u32 = 2;
+/// The version without layout fields (every tensor plain), still read and
+/// written when every tensor is plain, so such files are what they were.
+pub const VERSION_ROWS: u32 = 1;
 const MAX_META: u32 = 4096;
 const MAX_TENSORS: u32 = 65536;
 const MAX_KEY: u32 = 256;
@@ -90,6 +98,57 @@ impl TensorType {
     }
 }
 
+/// How a tensor's rows are stored (docs/FORMAT.md, "Tensor layouts").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Rows one after another, as the type's table says.
+    Rows = 0,
+    /// A 2-D Q8_0, Q4_0, Q4_K or Q6_K matrix as the eight-row kernels read
+    /// it: rows 0 .. 8·⌊rows/8⌋ in interleaved groups of eight
+    /// (`quant::BlockQ8_0x8` ...; Q8_0 quants with bias 0), group g's
+    /// block b at g·nb + b, then the last rows % 8 rows plain.
+    Rows8 = 1,
+}
+
+impl Layout {
+    pub fn from_code(code: u32) -> Option<Layout> {
+        match code {
+            0 => Some(Layout::Rows),
+            1 => Some(Layout::Rows8),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Rows => "rows",
+            Layout::Rows8 => "rows8",
+        }
+    }
+}
+
+/// Bytes of one eight-row group's block (eight rows × one block of the
+/// type), for the types the `Rows8` layout holds.
+pub fn rows8_block_bytes(ttype: TensorType) -> Option<usize> {
+    match ttype {
+        TensorType::Q8_0 => Some(std::mem::size_of::<BlockQ8_0x8>()),
+        TensorType::Q4_0 => Some(std::mem::size_of::<BlockQ4_0x8>()),
+        TensorType::Q4K => Some(std::mem::size_of::<BlockQ4Kx8>()),
+        TensorType::Q6K => Some(std::mem::size_of::<BlockQ6Kx8>()),
+        _ => None,
+    }
+}
+
+/// The layout `Mlb::save` (and tools/convert.py) writes a tensor in: as it
+/// is if interleaved, else eight-row groups for a 2-D matrix of a type the
+/// `Rows8` layout holds with at least eight rows.
+pub fn saved_layout(ttype: TensorType, layout: Layout, dims: &[u64]) -> Layout {
+    match dims {
+        [rows, _] if *rows >= ROWS8 as u64 && rows8_block_bytes(ttype).is_some() => Layout::Rows8,
+        _ => layout,
+    }
+}
+
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetaValue {
@@ -105,6 +164,7 @@ pub enum MetaValue {
 pub struct TensorInfo {
     pub name: String,
     pub ttype: TensorType,
+    pub layout: Layout,
     /// Outermost first; the last dimension is contiguous.
     pub dims: Vec<u64>,
     /// Absolute byte range in the file.
@@ -223,7 +283,7 @@ impl Mlb {
         let base = made_base(source.len());
         let made_len = made.len() * 8;
         for t in &tensors {
-            let size = tensor_size(t.ttype, &t.dims);
+            let size = tensor_size(t.ttype, t.layout, &t.dims);
             let end = t.start.checked_add(t.len);
             let inside = match end {
                 Some(end) if t.start >= base => end - base <= made_len,
@@ -234,12 +294,10 @@ impl Mlb {
                 return Err(format!("{path}: tensor '{}' was assembled wrongly (an internal error)", t.name));
             }
         }
-        let (head, offsets) = header(
-            meta.iter().map(|(k, v)| (k.as_str(), v)),
-            tensors.iter().map(|t| (t.name.as_str(), t.ttype, &t.dims[..], t.len)),
-        );
-        let file_len = match (offsets.last(), tensors.last()) {
-            (Some(&o), Some(t)) => (head.len() as u64 + o + t.len as u64).next_multiple_of(DATA_ALIGN) as usize,
+        let saved: Vec<_> = tensors.iter().map(saved_entry).collect();
+        let (head, offsets) = header(meta.iter().map(|(k, v)| (k.as_str(), v)), saved.iter().copied());
+        let file_len = match (offsets.last(), saved.last()) {
+            (Some(&o), Some(t)) => (head.len() as u64 + o + t.4 as u64).next_multiple_of(DATA_ALIGN) as usize,
             _ => head.len(),
         };
         Self::build(source, made, meta, tensors, path, file_len)
@@ -279,19 +337,26 @@ impl Mlb {
     }
 
     /// Writes the model as an `.mlb` file, byte for byte what
-    /// `tools/mlb.py`'s `write_mlb` writes for the same metadata and tensors
-    /// (through a temporary file renamed over `path`, so a failure leaves
-    /// nothing half-written).
+    /// `tools/mlb.py`'s `write_mlb` writes for the same metadata and tensors,
+    /// each matrix in its `saved_layout` (through a temporary file renamed
+    /// over `path`, so a failure leaves nothing half-written).
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        let (head, offsets) =
-            header(self.meta_in_order(), self.tensors.iter().map(|t| (t.name.as_str(), t.ttype, &t.dims[..], t.len)));
+        let saved: Vec<_> = self.tensors.iter().map(saved_entry).collect();
+        let (head, offsets) = header(self.meta_in_order(), saved.iter().copied());
         super::write_atomic(path, |out| {
             out.write_all(&head)?;
             let mut pos = 0u64;
-            for (t, &o) in self.tensors.iter().zip(&offsets) {
+            for ((t, &o), &(_, _, layout, _, len)) in self.tensors.iter().zip(&offsets).zip(&saved) {
                 out.write_all(&vec![0u8; (o - pos) as usize])?;
-                out.write_all(self.tensor_bytes(t))?;
-                pos = o + t.len as u64;
+                if layout == t.layout {
+                    out.write_all(self.tensor_bytes(t))?;
+                } else {
+                    let what = format!("{}: tensor '{}'", self.path, t.name);
+                    let bytes = interleave_rows8(t.ttype, &t.dims, self.tensor_bytes(t), &what)
+                        .map_err(std::io::Error::other)?;
+                    out.write_all(&bytes)?;
+                }
+                pos = o + len as u64;
             }
             out.write_all(&vec![0u8; (pos.next_multiple_of(DATA_ALIGN) - pos) as usize])
         })
@@ -346,17 +411,17 @@ impl Mlb {
     }
 }
 
-type Layout = (Vec<(String, MetaValue)>, Vec<TensorInfo>);
+type Parsed = (Vec<(String, MetaValue)>, Vec<TensorInfo>);
 
-fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
+fn parse_layout(bytes: &[u8]) -> Result<Parsed, String> {
     let mut c = ByteReader::new(bytes);
     let magic = c.take(8, "magic")?;
     if magic != MAGIC {
         return Err("not a Krafla model (bad magic; expected KRAFLAMB)".into());
     }
     let version = c.u32("version")?;
-    if version != VERSION {
-        return Err(format!("unsupported .mlb version {version} (this build reads {VERSION})"));
+    if version != VERSION && version != VERSION_ROWS {
+        return Err(format!("unsupported .mlb version {version} (this build reads {VERSION_ROWS} and {VERSION})"));
     }
     let n_meta = c.u32("metadata count")?;
     if n_meta > MAX_META {
@@ -402,6 +467,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     struct Raw {
         name: String,
         ttype: TensorType,
+        layout: Layout,
         dims: Vec<u64>,
         offset: u64,
     }
@@ -415,6 +481,14 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         let what = format!("tensor '{name}'");
         let code = c.u32(&format!("{what} type"))?;
         let ttype = TensorType::from_code(code).ok_or_else(|| format!("{what} has unknown type {code}"))?;
+        let layout = match version {
+            VERSION_ROWS => Layout::Rows,
+            _ => {
+                let code = c.u32(&format!("{what} layout"))?;
+                Layout::from_code(code)
+                    .ok_or_else(|| format!("{what} has unknown layout {code} (0 rows, 1 rows8 are known)"))?
+            }
+        };
         let n_dims = c.u32(&format!("{what} dimension count"))?;
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(format!("{what} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"));
@@ -424,7 +498,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         if !seen.insert(name.clone()) {
             return Err(format!("duplicate tensor name '{name}'"));
         }
-        raws.push(Raw { name, ttype, dims, offset });
+        raws.push(Raw { name, ttype, layout, dims, offset });
     }
 
     let data_start = (c.pos() as u64).div_ceil(DATA_ALIGN) * DATA_ALIGN;
@@ -440,7 +514,15 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
         if quantized && last % QK as u64 != 0 {
             return Err(format!("{what}: last dimension {last} of type {} is not a multiple of {QK}", r.ttype.name()));
         }
-        let size = tensor_size(r.ttype, &r.dims).ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
+        if r.layout == Layout::Rows8 && (r.dims.len() != 2 || rows8_block_bytes(r.ttype).is_none()) {
+            return Err(format!(
+                "{what}: layout rows8 needs a 2-D q8_0, q4_0, q4_k or q6_k matrix, not {} {:?}",
+                r.ttype.name(),
+                r.dims
+            ));
+        }
+        let size =
+            tensor_size(r.ttype, r.layout, &r.dims).ok_or_else(|| format!("{what}: shape {:?} overflows", r.dims))?;
         if r.offset % DATA_ALIGN != 0 {
             return Err(format!("{what}: offset {} is not a multiple of {DATA_ALIGN}", r.offset));
         }
@@ -450,6 +532,7 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
             (Some(s), Some(e)) if e <= file_len => tensors.push(TensorInfo {
                 name: r.name,
                 ttype: r.ttype,
+                layout: r.layout,
                 dims: r.dims,
                 start: s as usize,
                 len: size as usize,
@@ -465,11 +548,59 @@ fn parse_layout(bytes: &[u8]) -> Result<Layout, String> {
     Ok((meta, tensors))
 }
 
-/// Bytes of a tensor of type `ttype` and shape `dims` (outermost first),
-/// or None if the shape does not fit the type or the size overflows.
-fn tensor_size(ttype: TensorType, dims: &[u64]) -> Option<u64> {
+/// Bytes of a tensor of type `ttype`, layout `layout` and shape `dims`
+/// (outermost first), or None if the shape does not fit the type or the
+/// size overflows.
+pub fn tensor_size(ttype: TensorType, layout: Layout, dims: &[u64]) -> Option<u64> {
     let (&last, outer) = dims.split_last()?;
-    outer.iter().try_fold(ttype.row_bytes(last)?, |acc, &d| acc.checked_mul(d))
+    let row = ttype.row_bytes(last)?;
+    match (layout, outer, rows8_block_bytes(ttype)) {
+        (Layout::Rows8, &[rows], Some(group_block)) => {
+            let block = if matches!(ttype, TensorType::Q4K | TensorType::Q6K) { QK_K } else { QK };
+            let blocks = last / block as u64;
+            let groups = (rows / ROWS8 as u64).checked_mul(blocks)?.checked_mul(group_block as u64)?;
+            groups.checked_add((rows % ROWS8 as u64).checked_mul(row)?)
+        }
+        (Layout::Rows8, ..) => None,
+        (Layout::Rows, ..) => outer.iter().try_fold(row, |acc, &d| acc.checked_mul(d)),
+    }
+}
+
+/// A tensor's entry as `save` writes it: name, type, layout, dims, bytes.
+type Entry<'a> = (&'a str, TensorType, Layout, &'a [u64], usize);
+
+fn saved_entry(t: &TensorInfo) -> Entry<'_> {
+    let layout = saved_layout(t.ttype, t.layout, &t.dims);
+    let len = if layout == t.layout { t.len } else { tensor_size(t.ttype, layout, &t.dims).unwrap_or(0) as usize };
+    (&t.name, t.ttype, layout, &t.dims, len)
+}
+
+/// The plain rows `plain` of a [rows, cols] matrix in the `Rows8` layout:
+/// whole groups of eight interleaved (Q8_0 with bias 0), the last rows % 8
+/// rows as they are.
+pub fn interleave_rows8(ttype: TensorType, dims: &[u64], plain: &[u8], what: &str) -> Result<Vec<u8>, String> {
+    fn read<B: bytemuck::Pod>(bytes: &[u8]) -> Vec<B> {
+        bytes.chunks_exact(std::mem::size_of::<B>()).map(bytemuck::pod_read_unaligned).collect()
+    }
+    fn bytes_of<X: bytemuck::Pod>(v: Vec<X>) -> Vec<u8> {
+        bytemuck::cast_slice(&v).to_vec()
+    }
+    let (rows, cols) = match dims {
+        &[rows, cols] => (rows as usize, cols),
+        _ => return Err(format!("{what}: only a matrix can be interleaved")),
+    };
+    let row = ttype.row_bytes(cols).ok_or_else(|| format!("{what}: bad row length {cols}"))? as usize;
+    let (head, tail) = plain.split_at((rows / ROWS8 * ROWS8 * row).min(plain.len()));
+    let (nb, nbk) = (cols as usize / QK, cols as usize / QK_K);
+    let mut out = match ttype {
+        TensorType::Q8_0 => bytes_of(repack_q8_x8(&read(head), nb, 0, what)?),
+        TensorType::Q4_0 => bytes_of(repack_q4_x8(&read(head), nb, what)?),
+        TensorType::Q4K => bytes_of(repack_q4k_x8(&read(head), nbk, what)?),
+        TensorType::Q6K => bytes_of(repack_q6k_x8(&read(head), nbk, what)?),
+        other => return Err(format!("{what}: type {} has no eight-row layout", other.name())),
+    };
+    out.extend_from_slice(tail);
+    Ok(out)
 }
 
 /// The header of an `.mlb` file (padded to `DATA_ALIGN`) and each tensor's
@@ -477,7 +608,7 @@ fn tensor_size(ttype: TensorType, dims: &[u64]) -> Option<u64> {
 /// multiple of `DATA_ALIGN` (docs/FORMAT.md).
 fn header<'a>(
     meta: impl Iterator<Item = (&'a str, &'a MetaValue)>,
-    tensors: impl Iterator<Item = (&'a str, TensorType, &'a [u64], usize)>,
+    tensors: impl Iterator<Item = Entry<'a>>,
 ) -> (Vec<u8>, Vec<u64>) {
     fn put_str(out: &mut Vec<u8>, s: &str) {
         out.extend((s.len() as u32).to_le_bytes());
@@ -513,11 +644,16 @@ fn header<'a>(
             }
         }
     }
+    let tensors: Vec<Entry> = tensors.collect();
+    let version = if tensors.iter().all(|t| t.2 == Layout::Rows) { VERSION_ROWS } else { VERSION };
     let mut offset = 0u64;
     let mut offsets = Vec::new();
-    for (name, ttype, dims, len) in tensors {
+    for (name, ttype, layout, dims, len) in tensors {
         put_str(&mut entries, name);
         entries.extend((ttype as u32).to_le_bytes());
+        if version == VERSION {
+            entries.extend((layout as u32).to_le_bytes());
+        }
         entries.extend((dims.len() as u32).to_le_bytes());
         dims.iter().for_each(|d| entries.extend(d.to_le_bytes()));
         entries.extend(offset.to_le_bytes());
@@ -526,7 +662,7 @@ fn header<'a>(
     }
     let mut out = Vec::with_capacity(24 + entries.len() + DATA_ALIGN as usize);
     out.extend(MAGIC);
-    out.extend(VERSION.to_le_bytes());
+    out.extend(version.to_le_bytes());
     out.extend(n_meta.to_le_bytes());
     out.extend((offsets.len() as u32).to_le_bytes());
     out.extend(0u32.to_le_bytes());
@@ -538,10 +674,25 @@ fn header<'a>(
 /// Writes an `.mlb` image in memory, the last tensor ending the file (tests).
 #[cfg(test)]
 pub fn write_mlb(meta: &[(&str, MetaValue)], tensors: &[(&str, TensorType, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
-    let (mut out, offsets) =
-        header(meta.iter().map(|(k, v)| (*k, v)), tensors.iter().map(|(n, t, d, data)| (*n, *t, &d[..], data.len())));
+    write_mlb_layouts(
+        meta,
+        &tensors.iter().map(|(n, t, d, b)| (*n, *t, Layout::Rows, d.clone(), b.clone())).collect::<Vec<_>>(),
+    )
+}
+
+/// A tensor for `write_mlb_layouts`: name, type, layout, dims, bytes in that layout.
+#[cfg(test)]
+pub type TestTensor<'a> = (&'a str, TensorType, Layout, Vec<u64>, Vec<u8>);
+
+/// `write_mlb` with each tensor's layout (its bytes already in it).
+#[cfg(test)]
+pub fn write_mlb_layouts(meta: &[(&str, MetaValue)], tensors: &[TestTensor]) -> Vec<u8> {
+    let (mut out, offsets) = header(
+        meta.iter().map(|(k, v)| (*k, v)),
+        tensors.iter().map(|(n, t, l, d, data)| (*n, *t, *l, &d[..], data.len())),
+    );
     let data_start = out.len();
-    for ((_, _, _, data), off) in tensors.iter().zip(offsets) {
+    for ((_, _, _, _, data), off) in tensors.iter().zip(offsets) {
         out.resize(data_start + off as usize, 0);
         out.extend(data);
     }
@@ -574,6 +725,70 @@ mod tests {
         assert_eq!(f.tensor("b").unwrap().dims, vec![2, 32]);
         assert_eq!(f.tensor("b").unwrap().start % 64, 0);
         assert!(f.require_int("missing").unwrap_err().contains("missing metadata 'missing'"));
+    }
+
+    /// A version 2 file: a Q8_0 [19, 64] and a Q4_K [9, 256] matrix in eight-row groups (each with
+    /// a tail of plain rows), an f32 vector in plain rows, the Q4_K tensor ending the file.
+    fn sample_rows8() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let q8: Vec<u8> = (0..19 * 2 * 34).map(|i| (i * 7) as u8).collect();
+        let q4k: Vec<u8> = (0..9 * 144).map(|i| (i * 13) as u8).collect();
+        let q8_groups = interleave_rows8(TensorType::Q8_0, &[19, 64], &q8, "q8").unwrap();
+        let q4k_groups = interleave_rows8(TensorType::Q4K, &[9, 256], &q4k, "q4k").unwrap();
+        let file = write_mlb_layouts(
+            &[("arch", MetaValue::Str("llama".into()))],
+            &[
+                ("v", TensorType::F32, Layout::Rows, vec![3], vec![0u8; 12]),
+                ("q8", TensorType::Q8_0, Layout::Rows8, vec![19, 64], q8_groups),
+                ("q4k", TensorType::Q4K, Layout::Rows8, vec![9, 256], q4k_groups),
+            ],
+        );
+        (file, q8, q4k)
+    }
+
+    #[test]
+    fn rows8_tensors_are_read_with_their_layout_and_size() {
+        let (file, q8, _) = sample_rows8();
+        assert_eq!(u32::from_le_bytes(file[8..12].try_into().unwrap()), VERSION);
+        let f = Mlb::from_bytes(file, "r8.mlb").unwrap();
+        let (v, a, b) = (f.tensor("v").unwrap(), f.tensor("q8").unwrap(), f.tensor("q4k").unwrap());
+        assert_eq!((v.layout, a.layout, b.layout), (Layout::Rows, Layout::Rows8, Layout::Rows8));
+        // Q8_0 groups take the rows' bytes; Q4_K groups 32 bytes a group block more
+        assert_eq!((a.len, b.len), (19 * 2 * 34, 1184 + 144));
+        // the three tail rows stay plain, after the two groups
+        assert_eq!(&f.tensor_bytes(a)[16 * 68..], &q8[16 * 68..]);
+        assert_ne!(&f.tensor_bytes(a)[..16 * 68], &q8[..16 * 68]);
+        // a file of plain tensors only is still written as version 1
+        assert_eq!(u32::from_le_bytes(sample()[8..12].try_into().unwrap()), VERSION_ROWS);
+    }
+
+    #[test]
+    fn bad_layouts_are_one_line_errors() {
+        let (good, _, _) = sample_rows8();
+        let check = |bytes: Vec<u8>, needle: &str| {
+            let err = Mlb::from_bytes(bytes, "l.mlb").err().expect("accepted a bad layout");
+            assert!(err.starts_with("l.mlb: ") && err.contains(needle) && !err.contains('\n'), "{err}");
+        };
+        // the layout field follows the type: name length, name, type, layout
+        let at = |name: &[u8]| {
+            let mut entry = (name.len() as u32).to_le_bytes().to_vec();
+            entry.extend(name);
+            good.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len() + 4
+        };
+        let mut b = good.clone();
+        patch_u32(&mut b, at(b"q8"), 7);
+        check(b, "tensor 'q8' has unknown layout 7");
+        let mut b = good.clone();
+        patch_u32(&mut b, at(b"v"), 1);
+        check(b, "tensor 'v': layout rows8 needs a 2-D q8_0, q4_0, q4_k or q6_k matrix, not f32 [3]");
+        // the Q4_K groups are larger than its plain rows: as plain rows it would end earlier,
+        // but with its layout one byte short of the file is past the end
+        let mut b = good.clone();
+        b.pop();
+        check(b, "tensor 'q4k': data (offset");
+        for cut in 0..good.len() {
+            let err = Mlb::from_bytes(good[..cut].to_vec(), "cut.mlb").err().unwrap_or_else(|| panic!("cut {cut}"));
+            assert!(err.starts_with("cut.mlb: ") && !err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

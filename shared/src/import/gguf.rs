@@ -12,7 +12,7 @@ use super::families::{self, Family, FULL, SLIDING};
 use super::quantize::{quantize_q4_0, quantize_q8_0};
 use super::ConvertType;
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
-use crate::format::mlb::{made_base, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
+use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
 use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
@@ -74,7 +74,7 @@ pub fn import_model(g: Gguf, ctype: ConvertType) -> Result<Mlb, String> {
             jobs.push((*t, ttype, at, len));
             (base + at, len)
         };
-        infos.push(TensorInfo { name: name.clone(), ttype, dims, start, len });
+        infos.push(TensorInfo { name: name.clone(), ttype, layout: Layout::Rows, dims, start, len });
     }
 
     let mut made = Vec::new();

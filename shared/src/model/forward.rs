@@ -59,9 +59,8 @@ impl Model {
         // x: [T][D] token embeddings, the segments' rows one after another
         let tokens: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         let mut x = vec![0.0f32; n_tok * d];
-        let embd = self.mat(&self.token_embd);
         for (t, row) in x.chunks_exact_mut(d).enumerate() {
-            embd.row_to_f32(tokens[t] as usize, row);
+            self.embedding_row(tokens[t] as usize, row);
             if c.embed_scale != 1.0 {
                 row.iter_mut().for_each(|v| *v *= c.embed_scale);
             }

@@ -28,7 +28,7 @@ pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle};
 pub use forward::Segment;
 pub use kvcache::KvType;
 pub use state::State;
-pub use weights::LoadOptions;
+pub use weights::{LoadOptions, WeightCopies};
 
 use crate::format::mlb::Mlb;
 use weights::{Layer, Matrix};
@@ -71,15 +71,17 @@ impl Model {
         total
     }
 
-    /// Bytes of memory holding repacked copies of weight rows (`LoadOptions::repack`).
-    pub fn repacked_bytes(&self) -> usize {
-        let packed = |m: &Matrix| m.packed.as_ref().map_or(0, |p| p.bytes());
-        let tied = match (&self.token_embd.packed, &self.output.packed) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        let head = packed(&self.token_embd) + if tied { 0 } else { packed(&self.output) };
-        head + self.layers.iter().flat_map(|l| l.matrices()).map(packed).sum::<usize>()
+    /// Bytes of memory holding weights copied at load: eight-row groups
+    /// repacked from plain rows (`LoadOptions::repack`), plain rows
+    /// de-interleaved from the file's groups (builds without eight-row kernels).
+    pub fn weight_copies(&self) -> WeightCopies {
+        let head =
+            if self.config.tie_embeddings { vec![&self.token_embd] } else { vec![&self.token_embd, &self.output] };
+        let all = head.into_iter().chain(self.layers.iter().flat_map(|l| l.matrices()));
+        all.map(Matrix::copies).fold(WeightCopies::default(), |a, c| WeightCopies {
+            repacked: a.repacked + c.repacked,
+            deinterleaved: a.deinterleaved + c.deinterleaved,
+        })
     }
 
     /// Number of weights (parameters) in the file.

@@ -1,7 +1,9 @@
-//! A model's weights: where each matrix lies in the mapped file, the
-//! eight-row interleaved copies the kernels read when the build has them,
-//! and the small vectors (norms, biases) copied out at load time, checked
-//! against the configuration.
+//! A model's weights: where each matrix lies in the mapped file, in which
+//! layout (plain rows, or the eight-row groups the kernels read: docs/FORMAT.md),
+//! the copies load makes when the file's layout is not the build's
+//! (eight-row groups repacked from plain rows, or plain rows de-interleaved
+//! from groups), and the small vectors (norms, biases) copied out at load
+//! time, checked against the configuration.
 
 use std::sync::Arc;
 
@@ -9,23 +11,90 @@ use half::f16;
 
 use super::config::{Config, LayerKind};
 use super::Model;
-use crate::format::mlb::{Mlb, TensorInfo, TensorType};
+use crate::format::mlb::{rows8_block_bytes, Layout, Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
-    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+    deinterleave_x8, dequant_q4, dequant_q4k, dequant_q6k, dequant_q8, rebias_q8_x8, repack_q4_x8, repack_q4k_x8,
+    repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K,
+    BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, QK, QK_K, ROWS8,
 };
 
-/// A weight matrix located in the mapped file, and its rows again in the
-/// eight-row interleaved layout when the build's kernels use it.
+/// A weight matrix: the tensor in the mapped file, where the kernels read
+/// its plain rows, and where its eight-row groups, if the build's kernels
+/// read them.
 #[derive(Clone, Debug)]
 pub(super) struct Matrix {
     pub(super) ttype: TensorType,
     pub(super) rows: usize,
     pub(super) cols: usize,
+    /// The tensor's bytes in the file, in its stored layout.
     pub(super) start: usize,
     pub(super) len: usize,
-    pub(super) packed: Option<Arc<PackedRows>>,
+    /// The plain rows: rows `plain_from ..` are valid (the earlier ones are
+    /// read through the groups: a `rows8` tensor used in place).
+    plain: Rows,
+    plain_from: usize,
+    pub(super) groups: Groups,
+}
+
+/// Where a matrix's plain rows lie.
+#[derive(Clone, Debug)]
+enum Rows {
+    /// A byte range of the file, read as rows × blocks of the type from
+    /// `start` (for a `rows8` tensor: placed so that its plain tail rows
+    /// are at their row index).
+    File { start: usize, len: usize },
+    /// De-interleaved at load from the file's groups (a build without
+    /// eight-row kernels for the type).
+    Copy(Arc<PlainRows>),
+}
+
+/// Where a matrix's eight-row groups lie, if the kernels read them.
+#[derive(Clone, Debug)]
+pub(super) enum Groups {
+    None,
+    /// In the file (a `rows8` tensor used in place; Q8_0 with bias 0).
+    File {
+        start: usize,
+        len: usize,
+    },
+    /// Made at load (repacked from plain rows; Q8_0 with `Arch::Q8_X8_BIAS`).
+    Copy(Arc<PackedRows>),
+}
+
+/// Every row of a `rows8` tensor in the plain layout (its groups
+/// de-interleaved, then its tail rows), for builds without eight-row kernels.
+#[derive(Debug)]
+pub(super) enum PlainRows {
+    Q8(Vec<BlockQ8_0>),
+    Q4(Vec<BlockQ4_0>),
+    Q4K(Vec<BlockQ4K>),
+    Q6K(Vec<BlockQ6K>),
+}
+
+/// Bytes of memory holding weights copied at load (`Model::weight_copies`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WeightCopies {
+    /// Eight-row groups made from plain rows (or re-biased Q8_0 groups).
+    pub repacked: usize,
+    /// Plain rows made from the file's eight-row groups.
+    pub deinterleaved: usize,
+}
+
+impl Matrix {
+    pub(super) fn copies(&self) -> WeightCopies {
+        WeightCopies {
+            repacked: match &self.groups {
+                Groups::Copy(p) => p.bytes(),
+                _ => 0,
+            },
+            // a plain copy holds every row
+            deinterleaved: match &self.plain {
+                Rows::Copy(_) => self.rows * self.ttype.row_bytes(self.cols as u64).unwrap_or(0) as usize,
+                Rows::File { .. } => 0,
+            },
+        }
+    }
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 (or, when the kernels have them,
@@ -54,9 +123,10 @@ impl PackedRows {
 /// How to load a model.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadOptions {
-    /// Copy Q8_0 / Q4_0 (and Q4_K / Q6_K) matrices into the eight-row
-    /// interleaved layout when this build has kernels for it (faster; costs
-    /// their size in memory).
+    /// Copy Q8_0 / Q4_0 (and Q4_K / Q6_K) matrices stored as plain rows
+    /// into the eight-row interleaved layout when this build has kernels
+    /// for it (faster; costs their size in memory). Matrices stored
+    /// interleaved are read in place either way.
     pub repack: bool,
 }
 
@@ -126,7 +196,7 @@ impl Model {
         let c = &config;
         let (d, f, v, hd) = (c.hidden_size, c.ffn_dim, c.vocab_size, c.head_dim);
         let q_rows = c.q_dim() * if c.attn_output_gate { 2 } else { 1 };
-        let loader = Loader { file: &file, repack: options.repack && Arch::ROWS8 };
+        let loader = Loader { file: &file, repack: options.repack };
         let token_embd = loader.matrix("token_embd", v, d)?;
         let output = if c.tie_embeddings { token_embd.clone() } else { loader.matrix("output", v, d)? };
         let output_norm = loader.vector("output_norm", d, c.norm_unit_offset)?;
@@ -199,8 +269,44 @@ impl Model {
 
     /// Borrow a stored matrix in its type. Alignment and size were checked at load.
     pub(super) fn mat<'a>(&'a self, m: &'a Matrix) -> MatRef<'a> {
-        let bytes = self.file.range(m.start, m.len);
-        let data = match m.ttype {
+        let bytes = match &m.plain {
+            Rows::File { start, len } => self.file.range(*start, *len),
+            Rows::Copy(_) => &[],
+        };
+        let data = match (&m.plain, m.ttype) {
+            (Rows::Copy(p), _) => match &**p {
+                PlainRows::Q8(v) => WeightData::Q8_0(v),
+                PlainRows::Q4(v) => WeightData::Q4_0(v),
+                PlainRows::Q4K(v) => WeightData::Q4K(v),
+                PlainRows::Q6K(v) => WeightData::Q6K(v),
+            },
+            (_, ttype) => Self::plain_data(ttype, bytes),
+        };
+        let packed = match &m.groups {
+            Groups::Copy(p) => match &**p {
+                PackedRows::Q8(p) => Packed::Q8(p),
+                PackedRows::Q4(p) => Packed::Q4(p),
+                PackedRows::Q4K(p) => Packed::Q4K(p),
+                PackedRows::Q6K(p) => Packed::Q6K(p),
+            },
+            Groups::File { start, len } => {
+                let g = self.file.range(*start, *len);
+                match m.ttype {
+                    TensorType::Q8_0 => Packed::Q8(cast(g)),
+                    TensorType::Q4_0 => Packed::Q4(cast(g)),
+                    TensorType::Q4K => Packed::Q4K(cast(g)),
+                    TensorType::Q6K => Packed::Q6K(cast(g)),
+                    _ => Packed::None,
+                }
+            }
+            Groups::None => Packed::None,
+        };
+        MatRef { rows: m.rows, cols: m.cols, data, packed }
+    }
+
+    /// Plain rows of a type as the kernels read them.
+    fn plain_data(ttype: TensorType, bytes: &[u8]) -> WeightData<'_> {
+        match ttype {
             TensorType::F32 => WeightData::F32(cast::<f32>(bytes)),
             TensorType::F16 => WeightData::F16(cast::<f16>(bytes)),
             TensorType::Q8_0 => WeightData::Q8_0(cast::<BlockQ8_0>(bytes)),
@@ -210,15 +316,34 @@ impl Model {
             TensorType::Q4K => WeightData::Q4K(cast::<BlockQ4K>(bytes)),
             TensorType::Q5K => WeightData::Q5K(cast::<BlockQ5K>(bytes)),
             TensorType::Q6K => WeightData::Q6K(cast::<BlockQ6K>(bytes)),
-        };
-        let packed = match m.packed.as_deref() {
-            Some(PackedRows::Q8(p)) => Packed::Q8(p),
-            Some(PackedRows::Q4(p)) => Packed::Q4(p),
-            Some(PackedRows::Q4K(p)) => Packed::Q4K(p),
-            Some(PackedRows::Q6K(p)) => Packed::Q6K(p),
-            None => Packed::None,
-        };
-        MatRef { rows: m.rows, cols: m.cols, data, packed }
+        }
+    }
+
+    /// Row `r` of the token embeddings as f32: the plain row, or for a
+    /// matrix whose first rows are only in eight-row groups (a `rows8`
+    /// tensor used in place) the row taken out of its group, dequantised by
+    /// the same function, so the values are the same bits.
+    pub(super) fn embedding_row(&self, r: usize, out: &mut [f32]) {
+        let m = &self.token_embd;
+        let w = self.mat(m);
+        if r >= m.plain_from {
+            return w.row_to_f32(r, out);
+        }
+        // groups in the file hold Q8_0 with bias 0, groups made at load the build's
+        let bias = if matches!(m.groups, Groups::File { .. }) { 0 } else { Arch::Q8_X8_BIAS };
+        fn row_of<X: Rows8>(groups: &[X], r: usize, nb: usize, bias: u8) -> Vec<X::Row> {
+            let (g, k) = (r / ROWS8, r % ROWS8);
+            groups[g * nb..(g + 1) * nb].iter().map(|x| x.row(k, bias)).collect()
+        }
+        let (nb, nbk) = (m.cols / QK, m.cols / QK_K);
+        match w.packed {
+            Packed::Q8(p) => dequant_q8(&row_of(p, r, nb, bias), out),
+            Packed::Q4(p) => dequant_q4(&row_of(p, r, nb, bias), out),
+            Packed::Q4K(p) => dequant_q4k(&row_of(p, r, nbk, bias), out),
+            Packed::Q6K(p) => dequant_q6k(&row_of(p, r, nbk, bias), out),
+            // (not reached: `plain_from` is 0 unless the groups are there)
+            Packed::None => w.row_to_f32(r, out),
+        }
     }
 }
 
@@ -229,11 +354,21 @@ fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
     bytemuck::cast_slice(bytes)
 }
 
+/// All rows of a `rows8` tensor in the plain layout: its groups (Q8_0 with
+/// bias 0) de-interleaved, then its plain tail rows.
+fn plain_copy<X: Rows8>(groups: &[u8], tail: &[u8], nb: usize, what: &str) -> Result<Vec<X::Row>, String> {
+    let mut rows = deinterleave_x8::<X>(cast(groups), nb, 0, what)?;
+    let tail: &[X::Row] = cast(tail);
+    rows.try_reserve_exact(tail.len()).map_err(|_| format!("out of memory de-interleaving {what}"))?;
+    rows.extend_from_slice(tail);
+    Ok(rows)
+}
+
 /// Checks tensors against the configuration while loading.
 struct Loader<'a> {
     file: &'a Mlb,
-    /// Repack Q8_0 / Q4_0 matrices (and Q4_K / Q6_K when `Arch::KQUANT_ROWS8`)
-    /// for the eight-row kernels.
+    /// Repack plain Q8_0 / Q4_0 matrices (and Q4_K / Q6_K when
+    /// `Arch::KQUANT_ROWS8`) for the eight-row kernels.
     repack: bool,
 }
 
@@ -257,26 +392,73 @@ impl Loader<'_> {
         if self.file.tensor_bytes(t).as_ptr().align_offset(align) != 0 {
             return Err(format!("{}: tensor '{name}' is misaligned", self.file.path));
         }
-        let mut m = Matrix { ttype: t.ttype, rows, cols, start: t.start, len: t.len, packed: None };
-        if self.repack && rows >= ROWS8 {
+        let what = format!("{}: tensor '{name}'", self.file.path);
+        let plain = Rows::File { start: t.start, len: t.len };
+        let mut m = Matrix {
+            ttype: t.ttype,
+            rows,
+            cols,
+            start: t.start,
+            len: t.len,
+            plain,
+            plain_from: 0,
+            groups: Groups::None,
+        };
+        let kernels_read_groups = match t.ttype {
+            TensorType::Q8_0 | TensorType::Q4_0 => Arch::ROWS8,
+            TensorType::Q4K | TensorType::Q6K => Arch::ROWS8 && Arch::KQUANT_ROWS8,
+            _ => false,
+        };
+        if t.layout == Layout::Rows8 {
+            self.stored_groups(&mut m, kernels_read_groups, &what)?;
+        } else if self.repack && kernels_read_groups && rows >= ROWS8 {
             let bytes = self.file.tensor_bytes(t);
-            let what = format!("{}: tensor '{name}'", self.file.path);
-            m.packed = match t.ttype {
-                TensorType::Q8_0 => {
-                    Some(PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?))
-                }
-                TensorType::Q4_0 => Some(PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?)),
-                TensorType::Q4K if Arch::KQUANT_ROWS8 => {
-                    Some(PackedRows::Q4K(repack_q4k_x8(cast(bytes), cols / QK_K, &what)?))
-                }
-                TensorType::Q6K if Arch::KQUANT_ROWS8 => {
-                    Some(PackedRows::Q6K(repack_q6k_x8(cast(bytes), cols / QK_K, &what)?))
-                }
-                _ => None,
-            }
-            .map(Arc::new);
+            m.groups = Groups::Copy(Arc::new(match t.ttype {
+                TensorType::Q8_0 => PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?),
+                TensorType::Q4_0 => PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?),
+                TensorType::Q4K => PackedRows::Q4K(repack_q4k_x8(cast(bytes), cols / QK_K, &what)?),
+                _ => PackedRows::Q6K(repack_q6k_x8(cast(bytes), cols / QK_K, &what)?),
+            }));
         }
         Ok(m)
+    }
+
+    /// A `rows8` tensor (eight-row groups, then rows % 8 plain rows): its
+    /// groups used in place when the kernels read them (Q8_0 re-biased into
+    /// a copy if the build's bias is not the file's 0), else de-interleaved
+    /// into a plain copy. The plain tail rows are read in place either way.
+    fn stored_groups(&self, m: &mut Matrix, kernels_read_groups: bool, what: &str) -> Result<(), String> {
+        let whole = m.rows / ROWS8 * ROWS8;
+        let group_block = rows8_block_bytes(m.ttype).ok_or_else(|| format!("{what}: no eight-row layout"))?;
+        let row_block = m.ttype.row_bytes(m.cols as u64).unwrap_or(0) as usize;
+        let nb = if matches!(m.ttype, TensorType::Q4K | TensorType::Q6K) { m.cols / QK_K } else { m.cols / QK };
+        let groups_len = whole / ROWS8 * nb * group_block;
+        let groups = self.file.range(m.start, groups_len);
+        // Plain rows are read at row index r from `start`: the groups take
+        // the bytes of rows 0..whole plus, for Q4_K (whose groups hold
+        // unpacked scales), 32 bytes a group block more.
+        let extra = groups_len - whole * row_block;
+        m.plain = Rows::File { start: m.start + extra, len: m.len - extra };
+        if kernels_read_groups {
+            m.plain_from = whole;
+            m.groups = match m.ttype {
+                TensorType::Q8_0 if Arch::Q8_X8_BIAS != 0 => {
+                    let copy = rebias_q8_x8(cast(groups), Arch::Q8_X8_BIAS, what)?;
+                    Groups::Copy(Arc::new(PackedRows::Q8(copy)))
+                }
+                _ => Groups::File { start: m.start, len: groups_len },
+            };
+            return Ok(());
+        }
+        let tail = self.file.range(m.start + groups_len, m.len - groups_len);
+        let copy = match m.ttype {
+            TensorType::Q8_0 => PlainRows::Q8(plain_copy::<BlockQ8_0x8>(groups, tail, nb, what)?),
+            TensorType::Q4_0 => PlainRows::Q4(plain_copy::<BlockQ4_0x8>(groups, tail, nb, what)?),
+            TensorType::Q4K => PlainRows::Q4K(plain_copy::<BlockQ4Kx8>(groups, tail, nb, what)?),
+            _ => PlainRows::Q6K(plain_copy::<BlockQ6Kx8>(groups, tail, nb, what)?),
+        };
+        m.plain = Rows::Copy(Arc::new(copy));
+        Ok(())
     }
 
     /// A small 2-D f32/f16 tensor [rows, cols] copied out (convolution weights).
