@@ -87,7 +87,7 @@ for isa in $ISAS; do
     for t in $THREADS; do
         for ty in q8_0 q4_0; do
             echo "== krafla $isa $ty, $t threads"
-            "$REPO/dist/linux-x86_64/ml_$isa" "smollm2-$ty.mlb" --bench -pp 512 -tg 128 -r 3 -t "$t" 2>&1 | grep -E '^\| |roofline'
+            "$REPO/dist/linux-x86_64/ml_$isa" "smollm2-$ty.mlb" --bench -pp 512 -tg 128 -r 3 -t "$t" 2>&1 | grep -E '^\| |roofline|int8 peak'
             echo "== llama.cpp $isa $ty, $t threads"
             "build-$isa/bin/llama-bench" -m "smollm2-$ty.gguf" -p 512 -n 128 -r 3 -t "$t" 2>/dev/null | grep -E '^\| '
         done

@@ -8,7 +8,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::generate::Generator;
-use crate::kernels::ISA;
+use crate::kernels::{Arch, Kernels, ISA};
 use crate::model::{KvType, LogitsFor, Model, State};
 use crate::tokenizer::Tokenizer;
 
@@ -62,6 +62,33 @@ pub fn memory_read_bandwidth() -> f64 {
     best
 }
 
+/// The build's int8 multiply-accumulate peak in MAC/s with every thread of
+/// the pool busy: `Kernels::int8_peak` (the set's own int8 dot instruction
+/// in independent register chains) on all threads at once, ~0.1 s each,
+/// best of three.
+pub fn int8_mac_peak() -> f64 {
+    let mut rounds = 1usize << 10;
+    loop {
+        let t = Instant::now();
+        std::hint::black_box(Arch::int8_peak(rounds));
+        let secs = t.elapsed().as_secs_f64();
+        if secs > 0.01 || rounds > 1 << 30 {
+            rounds = ((rounds as f64) * 0.1 / secs.max(1e-9)).ceil() as usize;
+            break;
+        }
+        rounds *= 2;
+    }
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let done: Vec<(u64, i32)> = rayon::broadcast(|_| Arch::int8_peak(rounds));
+        let secs = t.elapsed().as_secs_f64();
+        let macs: u64 = std::hint::black_box(done).iter().map(|&(m, _)| m).sum();
+        best = best.max(macs as f64 / secs);
+    }
+    best
+}
+
 /// Prints llama-bench-style markdown rows for prompt processing and
 /// generation, then the decode roofline.
 pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
@@ -91,6 +118,7 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
         ))
     };
     let mut gen = Generator::new(model.clone(), State::with_kv(c, ctx, cfg.kv)?, cfg.batch);
+    let mut pp = None;
     if cfg.prompt_tokens > 0 {
         let tokens = bench_tokens(cfg.prompt_tokens.min(ctx), vocab);
         let mut rates = Vec::new();
@@ -104,6 +132,7 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
             }
         }
         row(format!("pp{}", tokens.len()), &rates)?;
+        pp = Some((tokens.len(), mean_std(&rates).0));
     }
     let mut tg_mean = 0.0;
     if cfg.gen_tokens > 0 {
@@ -134,6 +163,26 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
         cfg.threads,
         ceiling,
         if tg_mean > 0.0 { format!("; tg at {:.0}% of the ceiling", 100.0 * tg_mean / ceiling) } else { String::new() }
+    ))?;
+    let peak = int8_mac_peak();
+    let achieved = match pp {
+        Some((n, rate)) => {
+            // a prompt of n tokens: every token through the layers' matrices, the head for the last one
+            let (layers, head) = model.matmul_macs();
+            let macs = rate * (layers as f64 + head as f64 / n as f64);
+            format!(
+                "; pp{n} at {:.1} GMAC/s, {:.0}% of the peak (the weight matrices' rows·cols per token, the head once per prompt, attention not counted)",
+                macs / 1e9,
+                100.0 * macs / peak
+            )
+        }
+        None => String::new(),
+    };
+    stdout::line(&format!(
+        "int8 peak: {:.1} GMAC/s ({}, {} threads){achieved}",
+        peak / 1e9,
+        Arch::INT8_PEAK,
+        cfg.threads
     ))
 }
 

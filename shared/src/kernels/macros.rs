@@ -21,9 +21,33 @@ macro_rules! entry_points {
     (@group $m:ident int8_dots_x4) => { entry_points!($m: dot_q8_x4, dot_q4_x4); };
     (@group $m:ident kquant_dots) => { entry_points!($m: dot_q4k, dot_q5k, dot_q6k); };
     (@group $m:ident kquant_dots_x4) => { entry_points!($m: dot_q4k_x4, dot_q5k_x4, dot_q6k_x4); };
-    (@group $m:ident rows8) => { entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4); };
-    (@group $m:ident kquant_rows8) => { entry_points!($m: dot_q4k_r8, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x4); };
+    (@group $m:ident rows8) => {
+        entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x2, dot_q4_r8_x2, dot_q8_r8_x3, dot_q4_r8_x3, dot_q8_r8_x4, dot_q4_r8_x4);
+    };
+    (@group $m:ident kquant_rows8) => {
+        entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4);
+    };
     (@group $m:ident $name:ident) => { entry_points!(@one $m $name); };
+    // The several-token forms of the eight-row kernels: `$n` activation rows.
+    (@rows $m:ident $name:ident $blk:ident $n:literal) => {
+        #[inline]
+        fn $name(w: &[crate::quant::$blk], xs: [crate::quant::ActRef; $n]) -> [[f32; 8]; $n] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::$name(w, xs) }
+        }
+    };
+    (@one $m:ident dot_q8_r8_x2) => { entry_points!(@rows $m dot_q8_r8_x2 BlockQ8_0x8 2); };
+    (@one $m:ident dot_q8_r8_x3) => { entry_points!(@rows $m dot_q8_r8_x3 BlockQ8_0x8 3); };
+    (@one $m:ident dot_q8_r8_x4) => { entry_points!(@rows $m dot_q8_r8_x4 BlockQ8_0x8 4); };
+    (@one $m:ident dot_q4_r8_x2) => { entry_points!(@rows $m dot_q4_r8_x2 BlockQ4_0x8 2); };
+    (@one $m:ident dot_q4_r8_x3) => { entry_points!(@rows $m dot_q4_r8_x3 BlockQ4_0x8 3); };
+    (@one $m:ident dot_q4_r8_x4) => { entry_points!(@rows $m dot_q4_r8_x4 BlockQ4_0x8 4); };
+    (@one $m:ident dot_q4k_r8_x2) => { entry_points!(@rows $m dot_q4k_r8_x2 BlockQ4Kx8 2); };
+    (@one $m:ident dot_q4k_r8_x3) => { entry_points!(@rows $m dot_q4k_r8_x3 BlockQ4Kx8 3); };
+    (@one $m:ident dot_q4k_r8_x4) => { entry_points!(@rows $m dot_q4k_r8_x4 BlockQ4Kx8 4); };
+    (@one $m:ident dot_q6k_r8_x2) => { entry_points!(@rows $m dot_q6k_r8_x2 BlockQ6Kx8 2); };
+    (@one $m:ident dot_q6k_r8_x3) => { entry_points!(@rows $m dot_q6k_r8_x3 BlockQ6Kx8 3); };
+    (@one $m:ident dot_q6k_r8_x4) => { entry_points!(@rows $m dot_q6k_r8_x4 BlockQ6Kx8 4); };
     (@one $m:ident dot_f32) => {
         #[inline]
         fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
@@ -84,20 +108,6 @@ macro_rules! entry_points {
             unsafe { $m::dot_q4_r8(w, x) }
         }
     };
-    (@one $m:ident dot_q8_r8_x4) => {
-        #[inline]
-        fn dot_q8_r8_x4(w: &[crate::quant::BlockQ8_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-            // SAFETY: see `entry_points!(@one $m dot_q8)`.
-            unsafe { $m::dot_q8_r8_x4(w, xs) }
-        }
-    };
-    (@one $m:ident dot_q4_r8_x4) => {
-        #[inline]
-        fn dot_q4_r8_x4(w: &[crate::quant::BlockQ4_0x8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-            // SAFETY: see `entry_points!(@one $m dot_q8)`.
-            unsafe { $m::dot_q4_r8_x4(w, xs) }
-        }
-    };
     (@one $m:ident dot_q4k_r8) => {
         #[inline]
         fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
@@ -105,25 +115,11 @@ macro_rules! entry_points {
             unsafe { $m::dot_q4k_r8(w, x) }
         }
     };
-    (@one $m:ident dot_q4k_r8_x4) => {
-        #[inline]
-        fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-            // SAFETY: see `entry_points!(@one $m dot_q8)`.
-            unsafe { $m::dot_q4k_r8_x4(w, xs) }
-        }
-    };
     (@one $m:ident dot_q6k_r8) => {
         #[inline]
         fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q6k_r8(w, x) }
-        }
-    };
-    (@one $m:ident dot_q6k_r8_x4) => {
-        #[inline]
-        fn dot_q6k_r8_x4(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-            // SAFETY: see `entry_points!(@one $m dot_q8)`.
-            unsafe { $m::dot_q6k_r8_x4(w, xs) }
         }
     };
     (@one $m:ident dot_q4k) => {
@@ -166,6 +162,12 @@ macro_rules! entry_points {
         fn dot_q6k_x4(w: &[crate::quant::BlockQ6K], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q6k_x4(w, xs) }
+        }
+    };
+    (@one $m:ident int8_peak) => {
+        fn int8_peak(rounds: usize) -> (u64, i32) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::int8_peak(rounds) }
         }
     };
     (@one $m:ident dot_f32_rows) => {
@@ -251,6 +253,22 @@ macro_rules! unroll {
             },
             {
                 let $j = 1usize;
+                $body
+            },
+        ]
+    };
+    (3, |$j:ident| $body:expr) => {
+        [
+            {
+                let $j = 0usize;
+                $body
+            },
+            {
+                let $j = 1usize;
+                $body
+            },
+            {
+                let $j = 2usize;
                 $body
             },
         ]
@@ -342,4 +360,41 @@ macro_rules! f32_rows4 {
             out[p] = dot_f32(q, &rows[p * stride..p * stride + n]);
         }
     }};
+}
+
+/// The loop of the x86 modules' `int8_peak`, written once: `$n` (≥ 1)
+/// rounds of `$step` (assembler lines) once per accumulator, by the
+/// `$irp` line (`.irp acc, {a0}, ...` with the operand modifier of the
+/// register class), the step naming the accumulator `\acc`, its inputs
+/// `{u}`, `{s}`, `{ones}` and two temporaries `{t0}`, `{t1}`. `$a` is the
+/// array of accumulators, `$acc = $i` names each operand and its index. In
+/// `asm!` so that the compiler can neither hoist the loop-invariant
+/// products nor merge the chains. The last template line is an assembler
+/// comment naming every operand, so a step need not use all of them.
+#[allow(unused_macros)]
+macro_rules! peak_asm {
+    ($n:expr, $class:ident, ($u:expr, $s:expr, $ones:expr), $a:ident[$($acc:ident = $i:tt),*], $irp:literal,
+     [$($step:literal),* $(,)?]) => {
+        // SAFETY: register-only arithmetic with instructions of the calling
+        // function's target features; `$n` ≥ 1 counts down to 0.
+        unsafe {
+            core::arch::asm!(
+                "2:",
+                $irp,
+                $($step,)*
+                ".endr",
+                "dec {n}",
+                "jnz 2b",
+                "# {u} {s} {ones} {t0} {t1}",
+                n = inout(reg) $n => _,
+                u = in($class) $u,
+                s = in($class) $s,
+                ones = in($class) $ones,
+                $($acc = inout($class) $a[$i],)*
+                t0 = out($class) _,
+                t1 = out($class) _,
+                options(nomem, nostack),
+            )
+        }
+    };
 }

@@ -102,30 +102,40 @@ impl<'a> MatRef<'a> {
         (r.is_multiple_of(ROWS8) && (g + 1) * b <= packed_len).then(|| g * b..(g + 1) * b)
     }
 
-    /// Rows r .. r + 8 with one input row, if they are a repacked group.
+    /// Rows r .. r + 8 with 1 to 4 input rows, if they are a repacked group:
+    /// `put(k, t, value)` for row r + k and input row t, one kernel call
+    /// for all of them (`dot_q8_r8` ... `dot_q8_r8_x4`), so the group's
+    /// weights are read once; returns whether it was.
     #[inline]
-    fn group_dot(&self, r: usize, xq: ActRef) -> Option<[f32; 8]> {
-        let blocks = self.group_blocks(r)?;
-        match self.packed {
-            Packed::Q8(p) => Some(Arch::dot_q8_r8(&p[blocks], xq)),
-            Packed::Q4(p) => Some(Arch::dot_q4_r8(&p[blocks], xq)),
-            Packed::Q4K(p) => Some(Arch::dot_q4k_r8(&p[blocks], xq)),
-            Packed::Q6K(p) => Some(Arch::dot_q6k_r8(&p[blocks], xq)),
-            Packed::None => None,
+    fn group_dots(&self, r: usize, xq: &[ActRef], mut put: impl FnMut(usize, usize, f32)) -> bool {
+        let Some(blocks) = self.group_blocks(r) else { return false };
+        macro_rules! call {
+            ($p:expr, $one:ident, $x2:ident, $x3:ident, $x4:ident) => {{
+                let p = &$p[blocks];
+                let mut out = |v: &[[f32; 8]]| {
+                    for (t, by_row) in v.iter().enumerate() {
+                        for (k, &val) in by_row.iter().enumerate() {
+                            put(k, t, val);
+                        }
+                    }
+                };
+                match *xq {
+                    [a] => out(&[Arch::$one(p, a)]),
+                    [a, b] => out(&Arch::$x2(p, [a, b])),
+                    [a, b, c] => out(&Arch::$x3(p, [a, b, c])),
+                    [a, b, c, d] => out(&Arch::$x4(p, [a, b, c, d])),
+                    _ => unreachable!("group_dots: 1 to 4 input rows"),
+                }
+            }};
         }
-    }
-
-    /// Rows r .. r + 8 with four input rows, if they are a repacked group.
-    #[inline]
-    fn group_dot4(&self, r: usize, xq: [ActRef; 4]) -> Option<[[f32; 8]; 4]> {
-        let blocks = self.group_blocks(r)?;
         match self.packed {
-            Packed::Q8(p) => Some(Arch::dot_q8_r8_x4(&p[blocks], xq)),
-            Packed::Q4(p) => Some(Arch::dot_q4_r8_x4(&p[blocks], xq)),
-            Packed::Q4K(p) => Some(Arch::dot_q4k_r8_x4(&p[blocks], xq)),
-            Packed::Q6K(p) => Some(Arch::dot_q6k_r8_x4(&p[blocks], xq)),
-            Packed::None => None,
+            Packed::Q8(p) => call!(p, dot_q8_r8, dot_q8_r8_x2, dot_q8_r8_x3, dot_q8_r8_x4),
+            Packed::Q4(p) => call!(p, dot_q4_r8, dot_q4_r8_x2, dot_q4_r8_x3, dot_q4_r8_x4),
+            Packed::Q4K(p) => call!(p, dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4),
+            Packed::Q6K(p) => call!(p, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4),
+            Packed::None => return false,
         }
+        true
     }
 
     /// Row `r` as f32 (embedding lookup).
@@ -281,9 +291,11 @@ fn short_batch<'a>(
 }
 
 /// Rows r0 .. r0 + rows of `w` against tokens t0 .. t0 + n: `put(i, t,
-/// value)` for row r0 + i and token t. Four tokens at a time and repacked
-/// groups of eight rows where possible (`group_dot4`, `row_dot4`), else one
-/// by one (`group_dot`, `row_dot`): every value is bit-identical either way.
+/// value)` for row r0 + i and token t. Runs of four tokens, then the last
+/// one to three together; repacked groups of eight rows take a run in one
+/// kernel call (`group_dots`), other rows go row by row (`row_dot4` for
+/// four tokens, else `row_dot` per token): every value is bit-identical
+/// whichever way it is computed.
 #[inline]
 fn tile_dots<'a>(
     w: &MatRef,
@@ -295,46 +307,29 @@ fn tile_dots<'a>(
     mut put: impl FnMut(usize, usize, f32),
 ) {
     let mut t = t0;
-    while t + 4 <= t0 + n {
-        let toks = [one_token(t), one_token(t + 1), one_token(t + 2), one_token(t + 3)];
-        let (x, q) = (toks.map(|(x, _)| x), toks.map(|(_, q)| q));
+    while t < t0 + n {
+        let run = 4.min(t0 + n - t);
+        let mut x: [&[f32]; 4] = [&[]; 4];
+        let mut q: [ActRef; 4] = [ActRef::from(&[][..]); 4];
+        for j in 0..run {
+            (x[j], q[j]) = one_token(t + j);
+        }
         let mut i = 0;
         while i < rows {
-            match w.group_dot4(r0 + i, q) {
-                Some(v) if i + ROWS8 <= rows => {
-                    for (j, by_row) in v.iter().enumerate() {
-                        for (k, &val) in by_row.iter().enumerate() {
-                            put(i + k, t + j, val);
-                        }
-                    }
-                    i += ROWS8;
+            if i + ROWS8 <= rows && w.group_dots(r0 + i, &q[..run], |k, j, v| put(i + k, t + j, v)) {
+                i += ROWS8;
+            } else if run == 4 {
+                for (j, val) in w.row_dot4(r0 + i, x, q).into_iter().enumerate() {
+                    put(i, t + j, val);
                 }
-                _ => {
-                    for (j, val) in w.row_dot4(r0 + i, x, q).into_iter().enumerate() {
-                        put(i, t + j, val);
-                    }
-                    i += 1;
+                i += 1;
+            } else {
+                for j in 0..run {
+                    put(i, t + j, w.row_dot(r0 + i, x[j], q[j]));
                 }
+                i += 1;
             }
         }
-        t += 4;
-    }
-    for t in t..t0 + n {
-        let (x, q) = one_token(t);
-        let mut i = 0;
-        while i < rows {
-            match w.group_dot(r0 + i, q) {
-                Some(v) if i + ROWS8 <= rows => {
-                    for (k, &val) in v.iter().enumerate() {
-                        put(i + k, t, val);
-                    }
-                    i += ROWS8;
-                }
-                _ => {
-                    put(i, t, w.row_dot(r0 + i, x, q));
-                    i += 1;
-                }
-            }
-        }
+        t += run;
     }
 }

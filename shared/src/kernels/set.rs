@@ -18,7 +18,8 @@ use half::f16;
 
 use super::portable::Portable;
 use crate::quant::{
-    ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block,
+    ActQ8, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, Q4Block,
+    Q8Block,
 };
 
 pub trait Kernels {
@@ -32,6 +33,8 @@ pub trait Kernels {
     /// `dot_q6k_r8` ...): the model copies Q4_K / Q6_K matrices into the
     /// interleaved layout at load time (the other sets keep them per row).
     const KQUANT_ROWS8: bool = false;
+    /// What `int8_peak` runs, for `--bench`'s line.
+    const INT8_PEAK: &'static str = "the one-row dot_q8 loop";
 
     // ---- f32 vectors
 
@@ -99,6 +102,23 @@ pub trait Kernels {
     fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
         Portable::dot_q4_r8(w, x)
     }
+    /// Eight interleaved Q8 rows · two activation rows (short batches:
+    /// speculative decoding's verification, a batched server step).
+    fn dot_q8_r8_x2(w: &[BlockQ8_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_q8_r8(w, x))
+    }
+    /// As `dot_q8_r8_x2` for Q4 rows.
+    fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_q4_r8(w, x))
+    }
+    /// Eight interleaved Q8 rows · three activation rows.
+    fn dot_q8_r8_x3(w: &[BlockQ8_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_q8_r8(w, x))
+    }
+    /// Eight interleaved Q4 rows · three activation rows.
+    fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_q4_r8(w, x))
+    }
     /// Eight interleaved Q8 rows · four activation rows.
     fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| Self::dot_q8_r8(w, x))
@@ -139,6 +159,14 @@ pub trait Kernels {
     fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
         Portable::dot_q4k_r8(w, x)
     }
+    /// Eight interleaved Q4_K rows · two activation rows.
+    fn dot_q4k_r8_x2(w: &[BlockQ4Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_q4k_r8(w, x))
+    }
+    /// Eight interleaved Q4_K rows · three activation rows.
+    fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_q4k_r8(w, x))
+    }
     /// Eight interleaved Q4_K rows · four activation rows.
     fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| Self::dot_q4k_r8(w, x))
@@ -148,8 +176,42 @@ pub trait Kernels {
     fn dot_q6k_r8(w: &[BlockQ6Kx8], x: ActRef) -> [f32; 8] {
         Portable::dot_q6k_r8(w, x)
     }
+    /// Eight interleaved Q6_K rows · two activation rows.
+    fn dot_q6k_r8_x2(w: &[BlockQ6Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_q6k_r8(w, x))
+    }
+    /// Eight interleaved Q6_K rows · three activation rows.
+    fn dot_q6k_r8_x3(w: &[BlockQ6Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_q6k_r8(w, x))
+    }
     /// Eight interleaved Q6_K rows · four activation rows.
     fn dot_q6k_r8_x4(w: &[BlockQ6Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| Self::dot_q6k_r8(w, x))
+    }
+
+    // ---- the int8 multiply-accumulate peak (`--bench`)
+
+    /// `rounds` rounds of this set's own int8 dot instruction sequence (as
+    /// its kernels use it) on register-resident data, with enough
+    /// independent chains to keep its units busy; returns the
+    /// multiply-accumulates done (one 8-bit × 8-bit product added into a
+    /// sum) and a checksum that keeps the work from being optimised away.
+    /// Without a loop of its own a set gets the figure of its one-row kernel
+    /// loop: `dot_q8` over a row of 64 blocks that stays in L1.
+    fn int8_peak(rounds: usize) -> (u64, i32) {
+        const NB: usize = 64;
+        let w: Vec<BlockQ8_0> = (0..NB)
+            .map(|b| BlockQ8_0 {
+                d: f16::from_f32(0.5),
+                qs: core::array::from_fn(|i| ((b * 7 + i * 13) % 255) as u8 as i8),
+            })
+            .collect();
+        let x: Vec<f32> = (0..NB * 32).map(|i| ((i * 29) % 17) as f32 - 8.0).collect();
+        let xq = ActQ8::quantize(&x);
+        let mut sum = 0.0f32;
+        for _ in 0..rounds {
+            sum += Self::dot_q8(core::hint::black_box(&w[..]), xq.as_ref());
+        }
+        ((rounds * NB * 32) as u64, sum.to_bits() as i32)
     }
 }

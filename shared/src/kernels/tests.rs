@@ -149,7 +149,8 @@ fn four_token_dots_equal_single_token_dots() {
 /// The eight-row kernels (`dot_q8_r8` ..., this build's and `Portable`'s) over
 /// repacked rows against the single-row dots, bit for bit: every row of
 /// every group, one token and four, odd block counts, f16 scales that are
-/// subnormal, huge, zero or infinite, quants including −128.
+/// subnormal, huge, zero or infinite, quants including −128; the two- and
+/// three-token forms with each token in every position.
 #[test]
 fn eight_row_dots_equal_single_row_dots() {
     use crate::quant::{repack_q4_x8, repack_q8_x8};
@@ -186,6 +187,18 @@ fn eight_row_dots_equal_single_row_dots() {
                 assert_eq!(bits8(Portable::dot_q4_r8(&r4[blocks.clone()], x)), want4, "portable q4 r8 nb={nb}");
                 assert_eq!(bits8(Arch::dot_q8_r8_x4(&p8[blocks.clone()], xs)[t]), want8, "q8 r8 x4 nb={nb} t={t}");
                 assert_eq!(bits8(Arch::dot_q4_r8_x4(&p4[blocks.clone()], xs)[t]), want4, "q4 r8 x4 nb={nb} t={t}");
+                // token t at position p of the two- and three-token forms, the others beside it
+                for p in 0..3 {
+                    let x3: [ActRef; 3] = std::array::from_fn(|i| if i == p { x } else { xs[(t + i + 1) % 4] });
+                    let (q8, q4) = (&p8[blocks.clone()], &p4[blocks.clone()]);
+                    assert_eq!(bits8(Arch::dot_q8_r8_x3(q8, x3)[p]), want8, "q8 r8 x3 nb={nb} t={t} p={p}");
+                    assert_eq!(bits8(Arch::dot_q4_r8_x3(q4, x3)[p]), want4, "q4 r8 x3 nb={nb} t={t} p={p}");
+                    if p < 2 {
+                        let x2 = [x3[0], x3[1]];
+                        assert_eq!(bits8(Arch::dot_q8_r8_x2(q8, x2)[p]), want8, "q8 r8 x2 nb={nb} t={t} p={p}");
+                        assert_eq!(bits8(Arch::dot_q4_r8_x2(q4, x2)[p]), want4, "q4 r8 x2 nb={nb} t={t} p={p}");
+                    }
+                }
             }
         }
     }
@@ -493,8 +506,9 @@ fn f32_ops_match_f64_and_portable() {
 
 #[test]
 fn matmul_is_identical_for_any_batch_and_thread_count() {
-    // 9 tokens: the batch split by row tiles; 70: split by runs of tokens
-    for n_tok in [9, 70] {
+    // 2, 3, 6, 9 tokens: the batch split by row tiles (runs of four, then
+    // the last one to three tokens together); 70: split by runs of tokens
+    for n_tok in [2, 3, 6, 9, 70] {
         matmul_identical_for(n_tok);
     }
 }
@@ -537,13 +551,13 @@ fn matmul_identical_for(n_tok: usize) {
         assert_eq!(bits(&second), bits(&batched), "grouped (second), {n_tok} tokens");
         for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            // another batch split: 4 + the rest
-            let mut split = vec![0.0; n_tok * rows];
+            // another batch split: 4 (or one fewer than all) + the rest
+            let (mut split, h) = (vec![0.0; n_tok * rows], 4.min(n_tok - 1));
             pool.install(|| {
-                matmul(&m, &Input::new(&x[..4 * cols], cols), &mut split[..4 * rows]);
-                matmul(&m, &Input::new(&x[4 * cols..], cols), &mut split[4 * rows..]);
+                matmul(&m, &Input::new(&x[..h * cols], cols), &mut split[..h * rows]);
+                matmul(&m, &Input::new(&x[h * cols..], cols), &mut split[h * rows..]);
             });
-            assert_eq!(bits(&split), bits(&batched), "4+rest split, {n_tok} tokens, {threads} threads");
+            assert_eq!(bits(&split), bits(&batched), "{h}+rest split, {n_tok} tokens, {threads} threads");
             for t in 0..n_tok {
                 let mut single = vec![0.0; rows];
                 let xs = &x[t * cols..(t + 1) * cols];
@@ -618,5 +632,21 @@ fn bench_dots() {
         time("q8 x4", 4 * w8.len() * 34, &|| {
             (0..rows).map(|r| sum4(Arch::dot_q8_x4(&w8[r * nb..(r + 1) * nb], xs))).sum()
         });
+    }
+}
+
+/// `int8_peak` does the products it counts: the ISA loops multiply 3 by −2
+/// in every lane, so their sums are −6 per multiply-accumulate; a set
+/// without a loop of its own runs `Portable`'s (its `dot_q8`, the same bits).
+#[test]
+fn int8_peak_counts_its_products() {
+    for rounds in [1, 3, 1000] {
+        let (macs, check) = Arch::int8_peak(rounds);
+        assert!(macs >= 8 * rounds as u64, "{macs} MACs in {rounds} rounds");
+        if Arch::INT8_PEAK == Portable::INT8_PEAK {
+            assert_eq!((macs, check), Portable::int8_peak(rounds));
+        } else {
+            assert_eq!(check as i64, -6 * macs as i64, "{} over {rounds} rounds", Arch::INT8_PEAK);
+        }
     }
 }

@@ -300,6 +300,9 @@ fn kquant_eight_row_dots_equal_single_row_dots() {
             let (q4, q6) = (&p4[blocks.clone()], &p6[blocks]);
             let row = |k: usize| (g * ROWS8 + k) * nb..(g * ROWS8 + k + 1) * nb;
             let (a4, a6) = (Arch::dot_q4k_r8_x4(q4, xs), Arch::dot_q6k_r8_x4(q6, xs));
+            // the two- and three-token forms, token t at position p, the others beside it
+            let x2 = |t: usize, p: usize| std::array::from_fn(|i| if i == p { xs[t] } else { xs[(t + 1) % 4] });
+            let x3 = |t: usize, p: usize| std::array::from_fn(|i| if i == p { plain[t] } else { xs[(t + i + 1) % 4] });
             let (b4, b6) = (Arch::dot_q4k_r8_x4(q4, plain), Arch::dot_q6k_r8_x4(q6, plain));
             for (t, (&x, &xp)) in xs.iter().zip(&plain).enumerate() {
                 let want4: [u32; 8] = std::array::from_fn(|k| Portable::dot_q4k(&w4[row(k)], x).to_bits());
@@ -314,6 +317,30 @@ fn kquant_eight_row_dots_equal_single_row_dots() {
                 assert_eq!(bits8(a6[t]), want6, "q6_k r8 x4 {tag} g={g} t={t}");
                 assert_eq!(bits8(b4[t]), want4, "q4_k r8 x4 plain {tag} g={g} t={t}");
                 assert_eq!(bits8(b6[t]), want6, "q6_k r8 x4 plain {tag} g={g} t={t}");
+                for p in 0..2 {
+                    assert_eq!(
+                        bits8(Arch::dot_q4k_r8_x2(q4, x2(t, p))[p]),
+                        want4,
+                        "q4_k r8 x2 {tag} g={g} t={t} p={p}"
+                    );
+                    assert_eq!(
+                        bits8(Arch::dot_q6k_r8_x2(q6, x2(t, p))[p]),
+                        want6,
+                        "q6_k r8 x2 {tag} g={g} t={t} p={p}"
+                    );
+                }
+                for p in 0..3 {
+                    assert_eq!(
+                        bits8(Arch::dot_q4k_r8_x3(q4, x3(t, p))[p]),
+                        want4,
+                        "q4_k r8 x3 {tag} g={g} t={t} p={p}"
+                    );
+                    assert_eq!(
+                        bits8(Arch::dot_q6k_r8_x3(q6, x3(t, p))[p]),
+                        want6,
+                        "q6_k r8 x3 {tag} g={g} t={t} p={p}"
+                    );
+                }
             }
         }
     }
@@ -331,7 +358,7 @@ fn kquant_matmul_is_identical_with_and_without_repack() {
     let (w4, w6) = (q4k(&mut rng, rows * nb, 3, false), q6k(&mut rng, rows * nb, 3, false));
     let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-    for n_tok in [1, 9, 70] {
+    for n_tok in [1, 2, 3, 9, 70] {
         let x = rng.vec(n_tok * cols);
         for (data, packed) in [(WeightData::Q4K(&w4), Packed::Q4K(&p4)), (WeightData::Q6K(&w6), Packed::Q6K(&p6))] {
             let m = MatRef { rows, cols, data, packed };

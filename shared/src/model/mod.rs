@@ -71,6 +71,14 @@ impl Model {
         total
     }
 
+    /// Multiply-accumulates of the weight matrices: (per token through the
+    /// layers, Σ rows·cols; the output head's rows·cols, once per token
+    /// whose logits are computed). Attention's are not counted.
+    pub fn matmul_macs(&self) -> (u64, u64) {
+        let layers = self.layers.iter().flat_map(|l| l.matrices()).map(|m| (m.rows * m.cols) as u64).sum();
+        (layers, (self.output.rows * self.output.cols) as u64)
+    }
+
     /// Bytes of memory holding weights copied at load: eight-row groups
     /// repacked from plain rows (`LoadOptions::repack`), plain rows
     /// de-interleaved from the file's groups (builds without eight-row kernels).

@@ -28,9 +28,10 @@ pub struct Avx512Vnni;
 impl Kernels for Avx512Vnni {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
+    const INT8_PEAK: &'static str = "vpdpbusd zmm";
     const KQUANT_ROWS8: bool = true;
     entry_points!(avx2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4, kquant_rows8);
+    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
 }
 
 isa_features!(
@@ -168,6 +169,30 @@ isa_features!(
         rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
     }
 
+    /// Eight interleaved Q8 rows · two activation rows, the weights loaded once per block.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x2(w: &[BlockQ8_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_n!(2, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · two activation rows, the nibbles unpacked once per block.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q8 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x3(w: &[BlockQ8_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_n!(3, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
     #[inline]
     pub(crate) fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
@@ -226,6 +251,18 @@ isa_features!(
         q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
     }
 
+    /// Eight interleaved Q4_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x2(w: &[BlockQ4Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        q4k_rows8_n!(2, w, xs, |u, x| dot16(u, x))
+    }
+
+    /// Eight interleaved Q4_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        q4k_rows8_n!(3, w, xs, |u, x| dot16(u, x))
+    }
+
     /// Eight interleaved Q4_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
@@ -238,9 +275,44 @@ isa_features!(
         q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))[0]
     }
 
+    /// Eight interleaved Q6_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x2(w: &[BlockQ6Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        q6k_rows8_n!(2, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
+    }
+
+    /// Eight interleaved Q6_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x3(w: &[BlockQ6Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        q6k_rows8_n!(3, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
+    }
+
     /// Eight interleaved Q6_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q6k_r8_x4(w: &[BlockQ6Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         q6k_rows8_n!(4, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
+    }
+);
+
+isa_features!(
+    /// The int8 peak (`Kernels::int8_peak`): `vpdpbusd` on zmm registers
+    /// (64 u8 × i8 products each) in twelve independent chains, enough for
+    /// its latency on two ports (`peak_asm!`).
+    pub(crate) fn int8_peak(rounds: usize) -> (u64, i32) {
+        let (u, s) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+        let mut a = [_mm512_setzero_si512(); 12];
+        let n = rounds.max(1);
+        peak_asm!(
+            n,
+            zmm_reg,
+            (u, s, u),
+            a[a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6, a7 = 7, a8 = 8, a9 = 9, a10 = 10, a11 = 11],
+            ".irp acc, {a0}, {a1}, {a2}, {a3}, {a4}, {a5}, {a6}, {a7}, {a8}, {a9}, {a10}, {a11}",
+            [
+            "vpdpbusd \\acc, {u}, {s}"
+            ]
+        );
+        let v = a[1..].iter().fold(a[0], |v, x| _mm512_add_epi32(v, *x));
+        ((n * 12 * 64) as u64, _mm512_reduce_add_epi32(v))
     }
 );

@@ -19,9 +19,10 @@ pub struct Sse41;
 impl Kernels for Sse41 {
     const ROWS8: bool = true;
     const Q8_X8_BIAS: u8 = sse2_int8::Q8_X8_BIAS;
+    const INT8_PEAK: &'static str = "pmaddubsw + pmaddwd xmm";
     entry_points!(sse2_float: f32_ops, kv_rows);
     entry_points!(self: int8_dots, int8_dots_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
-    entry_points!(self: kquant_dots, kquant_dots_x4);
+    entry_points!(self: kquant_dots, kquant_dots_x4, int8_peak);
     // Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
     // measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
     // sign(q, w) through `pmaddubsw`, which needs a `pmaddwd` per group anyway;
@@ -220,5 +221,33 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
         kquant_dot!(q6k, 4, w, xs, |b, c, j| q6k_prep(b, c, j), |wv, qs| q6k_dot(wv, qs))
+    }
+);
+
+isa_features!(
+    /// The int8 peak (`Kernels::int8_peak`): the kernels' `pmaddubsw` step
+    /// (two `pmaddubsw`, `paddw`, `pmaddwd` by ones, `paddd`: 32 products)
+    /// in independent chains (`peak_asm!`).
+    pub(crate) fn int8_peak(rounds: usize) -> (u64, i32) {
+        let (u, s, ones) = (_mm_set1_epi8(3), _mm_set1_epi8(-2), _mm_set1_epi16(1));
+        let mut a = [_mm_setzero_si128(); 8];
+        let n = rounds.max(1);
+        peak_asm!(
+            n,
+            xmm_reg,
+            (u, s, ones),
+            a[a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6, a7 = 7],
+            ".irp acc, {a0}, {a1}, {a2}, {a3}, {a4}, {a5}, {a6}, {a7}",
+            [
+            "movdqa {t0}, {u}",
+            "pmaddubsw {t0}, {s}",
+            "movdqa {t1}, {u}",
+            "pmaddubsw {t1}, {s}",
+            "paddw {t0}, {t1}",
+            "pmaddwd {t0}, {ones}",
+            "paddd \\acc, {t0}"
+            ]
+        );
+        ((n * 8 * 32) as u64, sse2_int8::sum_lanes(a))
     }
 );

@@ -510,6 +510,30 @@ isa_features!(
         rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
     }
 
+    /// Eight interleaved Q8 rows · two activation rows, the weights loaded once per block.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x2(w: &[BlockQ8_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_n!(2, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · two activation rows, the nibbles unpacked once per block.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q8 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x3(w: &[BlockQ8_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_n!(3, w, xs, |blk| rows_q8(blk), |wv, xb| q8_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved Q4 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
     #[inline]
     pub(crate) fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
@@ -520,5 +544,34 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+);
+
+isa_features!(
+    /// The int8 peak (`Kernels::int8_peak`): the kernels' 16-weight step
+    /// (`dot16`: two `vpmaddubsw`, `vpaddw`, `vpmaddwd` by ones, `vpaddd`:
+    /// 64 products)
+    /// in independent chains (`peak_asm!`).
+    pub(crate) fn int8_peak(rounds: usize) -> (u64, i32) {
+        let (u, s, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi8(-2), _mm256_set1_epi16(1));
+        let mut a = [_mm256_setzero_si256(); 8];
+        let n = rounds.max(1);
+        peak_asm!(
+            n,
+            ymm_reg,
+            (u, s, ones),
+            a[a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6, a7 = 7],
+            ".irp acc, {a0:y}, {a1:y}, {a2:y}, {a3:y}, {a4:y}, {a5:y}, {a6:y}, {a7:y}",
+            [
+            "vpmaddubsw {t0:y}, {u:y}, {s:y}",
+            "vpmaddubsw {t1:y}, {u:y}, {s:y}",
+            "vpaddw {t0:y}, {t0:y}, {t1:y}",
+            "vpmaddwd {t0:y}, {t0:y}, {ones:y}",
+            "vpaddd \\acc, \\acc, {t0:y}"
+            ]
+        );
+        let h = |x, y| _mm256_add_epi32(x, y);
+        let v = h(h(h(a[0], a[1]), h(a[2], a[3])), h(h(a[4], a[5]), h(a[6], a[7])));
+        ((n * 8 * 64) as u64, hsum_i32(v))
     }
 );

@@ -248,6 +248,18 @@ isa_features!(
         q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
     }
 
+    /// Eight interleaved Q4_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x2(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
+        q4k_rows8_n!(2, w, xs, |u, x| dot16(u, x))
+    }
+
+    /// Eight interleaved Q4_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q4k_r8_x3(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
+        q4k_rows8_n!(3, w, xs, |u, x| dot16(u, x))
+    }
+
     /// Eight interleaved Q4_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
@@ -259,6 +271,18 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
         q6k_rows8_n!(1, w, [x], |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))[0]
+    }
+
+    /// Eight interleaved Q6_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x2(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
+        q6k_rows8_n!(2, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
+    }
+
+    /// Eight interleaved Q6_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q6k_r8_x3(w: &[crate::quant::BlockQ6Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
+        q6k_rows8_n!(3, w, xs, |u, x| dot16(u, x), |l, h| q6k_codes_r8(l, h))
     }
 
     /// Eight interleaved Q6_K rows · four activation rows.

@@ -395,6 +395,30 @@ isa_features!(
         rows8_sse!(1, w, [x], |blk, xb| q4_rows_isums(blk, xb))[0]
     }
 
+    /// Eight interleaved Q8 rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x2(w: &[BlockQ8_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_sse!(2, w, xs, |blk, xb| q8_rows_isums(blk, xb))
+    }
+
+    /// Eight interleaved Q4 rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        rows8_sse!(2, w, xs, |blk, xb| q4_rows_isums(blk, xb))
+    }
+
+    /// Eight interleaved Q8 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q8_r8_x3(w: &[BlockQ8_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_sse!(3, w, xs, |blk, xb| q8_rows_isums(blk, xb))
+    }
+
+    /// Eight interleaved Q4 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        rows8_sse!(3, w, xs, |blk, xb| q4_rows_isums(blk, xb))
+    }
+
     /// Eight interleaved Q8 rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q8_r8_x4(w: &[BlockQ8_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
@@ -585,5 +609,38 @@ isa_features!(
     pub(crate) fn nibbles(n: &[u8; QK / 2]) -> (__m128i, __m128i) {
         let (n, m) = (ld16(n), _mm_set1_epi8(0x0f));
         (_mm_and_si128(n, m), _mm_and_si128(_mm_srli_epi16::<4>(n), m))
+    }
+);
+
+isa_features!(
+    /// The int8 peak (`Kernels::int8_peak`): SSE2 has no 8-bit multiply, so
+    /// its kernels widen the quants to i16 and use `pmaddwd` (8 products,
+    /// then `paddd`); that step
+    /// in independent chains (`peak_asm!`).
+    pub(crate) fn int8_peak(rounds: usize) -> (u64, i32) {
+        let (u, s) = (_mm_set1_epi16(3), _mm_set1_epi16(-2));
+        let mut a = [_mm_setzero_si128(); 8];
+        let n = rounds.max(1);
+        peak_asm!(
+            n,
+            xmm_reg,
+            (u, s, u),
+            a[a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6, a7 = 7],
+            ".irp acc, {a0}, {a1}, {a2}, {a3}, {a4}, {a5}, {a6}, {a7}",
+            [
+            "movdqa {t0}, {u}",
+            "pmaddwd {t0}, {s}",
+            "paddd \\acc, {t0}"
+            ]
+        );
+        ((n * 8 * 8) as u64, sum_lanes(a))
+    }
+
+    /// The sum of every i32 lane of eight vectors (wrapping): `int8_peak`'s checksum.
+    #[inline]
+    pub(crate) fn sum_lanes(a: [__m128i; 8]) -> i32 {
+        let v = a[1..].iter().fold(a[0], |v, x| _mm_add_epi32(v, *x));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v)))
     }
 );
