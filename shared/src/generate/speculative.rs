@@ -247,18 +247,26 @@ impl Pacer {
         }
     }
 
-    fn choose(&mut self, limit: usize) -> usize {
-        let a = self.accept.clamp(0.0, 0.99);
-        let mut best = (1.0 / self.cost(1), 0);
+    /// The draft length with the best expected tokens per second at
+    /// acceptance rate `a`, and that rate.
+    fn best(&self, limit: usize, a: f64) -> (usize, f64) {
+        let mut best = (0, 1.0 / self.cost(1));
         let mut expected = 1.0;
         for k in 1..=limit {
             expected += a.powi(k as i32);
             let rate = expected / (self.cost(k + 1) + k as f64 * self.draft_secs);
-            if rate > best.0 {
-                best = (rate, k);
+            if rate > best.1 {
+                best = (k, rate);
             }
         }
-        if best.1 == 0 && limit > 0 {
+        best
+    }
+
+    fn choose(&mut self, limit: usize) -> usize {
+        let k = self.best(limit, self.accept.clamp(0.0, 0.99)).0;
+        // Probe only where guessing could pay: not when even guesses that
+        // are always right would not (a draft model as slow as the model).
+        if k == 0 && limit > 0 && self.best(limit, 0.99).0 > 0 {
             self.idle += 1;
             if self.idle >= PROBE {
                 self.idle = 0;
@@ -267,7 +275,7 @@ impl Pacer {
         } else {
             self.idle = 0;
         }
-        best.1
+        k
     }
 
     fn pass(&mut self, tokens: usize, secs: f64, drafted: usize, accepted: usize) {
@@ -324,5 +332,8 @@ mod tests {
         }
         let choices: Vec<usize> = (0..PROBE).map(|_| p.choose(8)).collect();
         assert_eq!(choices.iter().filter(|&&k| k > 0).count(), 1, "{choices:?}");
+        // a draft model that costs as much as the model: never worth a probe
+        p.draft_time(1, 0.030);
+        assert!((0..3 * PROBE).all(|_| p.choose(8) == 0));
     }
 }
