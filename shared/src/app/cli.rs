@@ -251,6 +251,9 @@ fn run_model(
     let t0 = Instant::now();
     let want = if args.logits_out.is_some() { LogitsFor::All } else { LogitsFor::Last };
     let logits = generator.prefill(&prompt, want, &|| false)?.unwrap_or_default();
+    if let Some(s) = &mut speculator {
+        s.prepare(&prompt)?;
+    }
     let prompt_secs = t0.elapsed().as_secs_f64();
     if let Some(path) = &args.logits_out {
         let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();

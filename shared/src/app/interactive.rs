@@ -132,6 +132,9 @@ pub fn run(
         ANSWERING.store(true, Ordering::SeqCst);
         let t0 = Instant::now();
         let logits = generator.prefill(&ids[cached..], LogitsFor::Last, &|| STOP.load(Ordering::SeqCst))?;
+        if let (Some(s), Some(_)) = (&mut speculator, &logits) {
+            s.prepare(&ids)?;
+        }
         let prompt_secs = t0.elapsed().as_secs_f64();
         let Some(logits) = logits else {
             ANSWERING.store(false, Ordering::SeqCst);

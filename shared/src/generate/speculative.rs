@@ -46,6 +46,18 @@ impl DraftModel {
         DraftModel { model, seq, batch, sampler: Sampler::new(SamplerConfig::default()) }
     }
 
+    /// Brings the draft model's cache up to `context` (a prompt just read).
+    fn catch_up(&mut self, context: &[u32]) -> Result<(), String> {
+        if context.len() > self.seq.state().ctx {
+            return Ok(());
+        }
+        let kept = self.seq.reuse_prefix(context);
+        for chunk in context[kept..].chunks(self.batch) {
+            self.model.forward_one(&mut self.seq, chunk, LogitsFor::None)?;
+        }
+        Ok(())
+    }
+
     /// Up to `max` tokens after `context`, each with the distribution it was
     /// drawn from (the target's sampler settings applied to the draft
     /// model's logits).
@@ -152,6 +164,15 @@ impl Speculator {
     pub fn limit(&mut self, sizes: (Option<usize>, Option<usize>)) {
         let max = sizes.1.unwrap_or(self.configured.1).min(self.configured.1);
         self.sizes = (sizes.0.unwrap_or(self.configured.0).min(max), max);
+    }
+
+    /// Reads a prompt (`context`: all the sequence holds) into the draft
+    /// model's cache, so that the first draft does not pay for it.
+    pub fn prepare(&mut self, context: &[u32]) -> Result<(), String> {
+        match &mut self.source {
+            Source::Lookup { .. } => Ok(()),
+            Source::Model(m) => m.catch_up(context),
+        }
     }
 
     /// A draft of at most `room` tokens to follow `context` (the tokens the
