@@ -250,7 +250,8 @@ impl Pacer {
 
     /// The cost of a pass over `n` tokens: measured, or while unmeasured
     /// interpolated from the nearest measured sizes (optimistic above: the
-    /// one-token cost plus a tenth per token, so that long drafts get tried).
+    /// cost below plus a tenth per token, so that long drafts get tried;
+    /// pessimistic below: in proportion to the tokens).
     fn cost(&self, n: usize) -> f64 {
         if self.pass_secs[n] > 0.0 {
             return self.pass_secs[n];
@@ -263,7 +264,9 @@ impl Pacer {
                 self.pass_secs[b] + f * (self.pass_secs[a] - self.pass_secs[b])
             }
             (Some(b), None) => self.pass_secs[b] * (1.0 + 0.1 * (n - b) as f64),
-            (None, Some(a)) => self.pass_secs[a],
+            // pessimistic below (as if cost grew with every token), so that a
+            // pass without a draft gets measured before guessing is kept up
+            (None, Some(a)) => self.pass_secs[a] * n as f64 / a as f64,
             (None, None) => 1.0 + 0.1 * (n - 1) as f64,
         }
     }
@@ -356,5 +359,15 @@ mod tests {
         // a draft model that costs as much as the model: never worth a probe
         p.draft_time(1, 0.030);
         assert!((0..3 * PROBE).all(|_| p.choose(8) == 0));
+    }
+
+    #[test]
+    fn pacer_measures_a_pass_without_a_draft_before_it_keeps_drafting() {
+        // only long passes seen: one token is taken to cost its share of them, not all of it
+        let mut p = Pacer::new(8);
+        p.draft_time(8, 8.0 * 0.030);
+        p.pass(9, 0.120, 8, 8);
+        assert!((p.cost(1) - 0.120 / 9.0).abs() < 1e-12);
+        assert_eq!(p.choose(8), 0, "a draft model as slow as the model does not pay");
     }
 }
