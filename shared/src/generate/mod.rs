@@ -21,7 +21,7 @@ mod text;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use speculative::{lookup, Draft, DraftModel, Source, SpecStats, Speculator};
+pub use speculative::{Draft, DraftModel, Source, SpecStats, Speculator};
 pub use text::TextStream;
 
 use crate::model::{LogitsFor, Model, Segment, State};
@@ -334,29 +334,16 @@ impl Generator {
         on: &mut dyn FnMut(Token) -> bool,
     ) -> Result<Decoded, String> {
         let mut decoding = Decoding::new(history, params);
-        let mut pending = match decoding.next(&logits, tokenizer, self.seq.has_room()) {
-            Next::End(finish) => return Ok(decoding.finish(finish)),
-            Next::Token { id, text, finish } => {
-                if !on(Token { id, text: &text, logits: &logits }) {
-                    return Ok(decoding.finish(Finish::Cancelled));
-                }
-                if let Some(finish) = finish {
-                    return Ok(decoding.finish(finish));
-                }
-                id
-            }
-        };
         let vocab = self.model.config.vocab_size;
+        let left = self.seq.state.ctx - self.seq.state.pos;
+        let mut pending = match verify(&mut decoding, &logits, vocab, &Draft::default(), tokenizer, left, on).next {
+            Ok(id) => id,
+            Err(finish) => return Ok(decoding.finish(finish)),
+        };
         let finish = loop {
-            // Positions left after the pending token's, and tokens left after it.
-            let room = (self.seq.state.ctx - self.seq.state.pos - 1).min(decoding.remaining().saturating_sub(1));
             let draft = match speculator.as_deref_mut() {
-                Some(s) if room > 0 => {
-                    let mut context = self.seq.cached.clone();
-                    context.push(pending);
-                    s.draft(&context, room, decoding.sampler_config())?
-                }
-                _ => Draft::default(),
+                Some(s) => s.draft_after(&self.seq, pending, &decoding)?,
+                None => Draft::default(),
             };
             let mut tokens = vec![pending];
             tokens.extend_from_slice(&draft.ids);
@@ -366,7 +353,8 @@ impl Generator {
             let secs = t0.elapsed().as_secs_f64();
             self.seq.cached.extend_from_slice(&tokens);
             let base = self.seq.state.pos - tokens.len();
-            let verdict = verify(&mut decoding, &rows, vocab, &draft, tokenizer, self.seq.state.ctx - base - 1, on);
+            let left = self.seq.state.ctx - self.seq.state.pos;
+            let verdict = verify(&mut decoding, &rows, vocab, &draft, tokenizer, left, on);
             self.seq.truncate(base + 1 + verdict.accepted);
             if let Some(s) = speculator.as_deref_mut() {
                 s.record(tokens.len(), secs, draft.ids.len(), verdict.accepted);
@@ -388,21 +376,23 @@ pub struct Verdict {
     pub next: Result<u32, Finish>,
 }
 
-/// Samples the tokens after a pass over the pending token and `draft`
-/// (`rows`: the logits of each of those positions, `vocab` wide): row i
-/// gives the token after position i, the draft's guess i is kept when the
-/// sampler (given the guess) picks it, and the first other token ends the
-/// pass as the next pending one. `room`: positions left after the pending
-/// token's. Each token goes to `on`.
+/// Samples the tokens after a forward pass: `rows` are the logits of its
+/// last positions (`vocab` wide; the pending token's and the draft's, or a
+/// prompt's last), and `left` is how many positions the state has left
+/// after the pass. Row i gives the next token; the draft's guess i is kept
+/// when the sampler (given the guess) picks it, and the first other token
+/// ends the pass as the next pending one. Each token goes to `on`.
 pub fn verify(
     decoding: &mut Decoding,
     rows: &[f32],
     vocab: usize,
     draft: &Draft,
     tokenizer: Option<&Tokenizer>,
-    room: usize,
+    left: usize,
     on: &mut dyn FnMut(Token) -> bool,
 ) -> Verdict {
+    // row i's token goes to the position `rows − 1 − i` before the end
+    let room = left + rows.len() / vocab - 1;
     let mut accepted = 0;
     for i in 0..=draft.ids.len() {
         let logits = &rows[i * vocab..(i + 1) * vocab];

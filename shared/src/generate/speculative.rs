@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Sequence;
+use super::{Decoding, Sequence};
 use crate::model::{LogitsFor, Model};
 use crate::sampler::{Distribution, Sampler, SamplerConfig};
 
@@ -175,9 +175,22 @@ impl Speculator {
         }
     }
 
+    /// A draft of the tokens after `pending`, the token sampled last for
+    /// `seq`: no more than fit in its context and in `decoding`'s token limit.
+    pub fn draft_after(&mut self, seq: &Sequence, pending: u32, decoding: &Decoding) -> Result<Draft, String> {
+        // positions left after the pending token's, and tokens left after it
+        let room = (seq.state.ctx - seq.state.pos - 1).min(decoding.remaining().saturating_sub(1));
+        if room == 0 {
+            return Ok(Draft::default());
+        }
+        let mut context = seq.cached.clone();
+        context.push(pending);
+        self.draft(&context, room, decoding.sampler_config())
+    }
+
     /// A draft of at most `room` tokens to follow `context` (the tokens the
     /// target holds and the pending one).
-    pub fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig) -> Result<Draft, String> {
+    fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig) -> Result<Draft, String> {
         let limit = self.sizes.1.min(room);
         let k = self.pacer.choose(limit).max(self.sizes.0.min(limit));
         if k == 0 {

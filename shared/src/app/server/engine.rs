@@ -336,17 +336,11 @@ impl Engine {
             let a = slot.active.as_ref().expect("listed as active");
             if let Some(t) = a.pending {
                 let draft = match (&mut slot.speculator, &a.decoding) {
-                    (Some(s), Some(d)) => {
-                        let state = slot.seq.state();
-                        let room = (state.ctx - state.pos - 1).min(d.remaining().saturating_sub(1));
-                        let mut context = slot.seq.cached().to_vec();
-                        context.push(t);
-                        // a draft model that fails costs only the guesses
-                        s.draft(&context, room, d.sampler_config()).unwrap_or_else(|e| {
-                            super::log(&format!("krafla: drafting failed: {e}"));
-                            Draft::default()
-                        })
-                    }
+                    // a draft model that fails costs only the guesses
+                    (Some(s), Some(d)) => s.draft_after(&slot.seq, t, d).unwrap_or_else(|e| {
+                        super::log(&format!("krafla: drafting failed: {e}"));
+                        Draft::default()
+                    }),
                     _ => Draft::default(),
                 };
                 let mut tokens = vec![t];
@@ -422,10 +416,8 @@ impl Engine {
         }
         a.pending = None;
         let mut decoding = a.decoding.take().expect("set above");
-        // The rows are the part's last positions; the token after row i goes to position `end − rows + 1 + i`.
         let rows = logits.len() / vocab;
         let (ctx, end) = (slot.seq.state().ctx, slot.seq.state().pos);
-        let room = ctx + rows - 1 - end;
         let mut on = |t: Token| {
             let logprobs = a.job.params.logprobs.map(|k| {
                 let lp = logprobs(&tokenizer, t.logits, t.id, k, a.n_chars);
@@ -446,7 +438,7 @@ impl Engine {
             let sent = a.job.events.send(Event::Delta { text: t.text.to_string(), logprobs }).is_ok();
             sent && !a.job.cancel.load(Ordering::SeqCst)
         };
-        let verdict = verify(&mut decoding, &logits, vocab, &part.draft, Some(&tokenizer), room, &mut on);
+        let verdict = verify(&mut decoding, &logits, vocab, &part.draft, Some(&tokenizer), ctx - end, &mut on);
         slot.seq.truncate(end + 1 - rows + verdict.accepted);
         if let (Some(s), true) = (&mut slot.speculator, decoding_part) {
             s.record(part.tokens.len(), secs, part.draft.ids.len(), verdict.accepted);
