@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -26,6 +26,18 @@ macro_rules! entry_points {
     };
     (@group $m:ident kquant_rows8) => {
         entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4);
+    };
+    (@group $m:ident tiles) => {
+        const TILE_TOKENS: usize = $m::TILE_TOKENS;
+        entry_points!(@tile $m tile_q8 BlockQ8_0x8);
+        entry_points!(@tile $m tile_q4 BlockQ4_0x8);
+    };
+    (@tile $m:ident $name:ident $blk:ident) => {
+        #[inline]
+        fn $name(w: &[crate::quant::$blk], nb: usize, xs: &[crate::quant::ActRef], out: &mut [[f32; 16]]) {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::$name(w, nb, xs, out) }
+        }
     };
     (@group $m:ident $name:ident) => { entry_points!(@one $m $name); };
     // The several-token forms of the eight-row kernels: `$n` activation rows.
@@ -239,96 +251,20 @@ macro_rules! entry_points {
 /// `core::array::from_fn` is not, and loses its target features).
 #[allow(unused_macros)]
 macro_rules! unroll {
-    (1, |$j:ident| $body:expr) => {
-        [{
-            let $j = 0usize;
+    (@at [$($i:literal)*], |$j:ident| $body:expr) => {
+        [$({
+            let $j = $i as usize;
             $body
-        }]
+        }),*]
     };
-    (2, |$j:ident| $body:expr) => {
-        [
-            {
-                let $j = 0usize;
-                $body
-            },
-            {
-                let $j = 1usize;
-                $body
-            },
-        ]
-    };
-    (3, |$j:ident| $body:expr) => {
-        [
-            {
-                let $j = 0usize;
-                $body
-            },
-            {
-                let $j = 1usize;
-                $body
-            },
-            {
-                let $j = 2usize;
-                $body
-            },
-        ]
-    };
-    (4, |$j:ident| $body:expr) => {
-        [
-            {
-                let $j = 0usize;
-                $body
-            },
-            {
-                let $j = 1usize;
-                $body
-            },
-            {
-                let $j = 2usize;
-                $body
-            },
-            {
-                let $j = 3usize;
-                $body
-            },
-        ]
-    };
-    (8, |$j:ident| $body:expr) => {
-        [
-            {
-                let $j = 0usize;
-                $body
-            },
-            {
-                let $j = 1usize;
-                $body
-            },
-            {
-                let $j = 2usize;
-                $body
-            },
-            {
-                let $j = 3usize;
-                $body
-            },
-            {
-                let $j = 4usize;
-                $body
-            },
-            {
-                let $j = 5usize;
-                $body
-            },
-            {
-                let $j = 6usize;
-                $body
-            },
-            {
-                let $j = 7usize;
-                $body
-            },
-        ]
-    };
+    (1, |$j:ident| $body:expr) => { unroll!(@at [0], |$j| $body) };
+    (2, |$j:ident| $body:expr) => { unroll!(@at [0 1], |$j| $body) };
+    (3, |$j:ident| $body:expr) => { unroll!(@at [0 1 2], |$j| $body) };
+    (4, |$j:ident| $body:expr) => { unroll!(@at [0 1 2 3], |$j| $body) };
+    (5, |$j:ident| $body:expr) => { unroll!(@at [0 1 2 3 4], |$j| $body) };
+    (6, |$j:ident| $body:expr) => { unroll!(@at [0 1 2 3 4 5], |$j| $body) };
+    (7, |$j:ident| $body:expr) => { unroll!(@at [0 1 2 3 4 5 6], |$j| $body) };
+    (8, |$j:ident| $body:expr) => { unroll!(@at [0 1 2 3 4 5 6 7], |$j| $body) };
 }
 
 /// `dot_f32_rows`' algorithm, written once for the ISA modules: four rows

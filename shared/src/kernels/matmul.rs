@@ -138,6 +138,81 @@ impl<'a> MatRef<'a> {
         true
     }
 
+    /// `Kernels::prefetch` of rows r .. r + n's weights (what a prompt
+    /// tile reads next, fetched while the one before computes): the
+    /// repacked groups when they are repacked, else the plain rows.
+    fn prefetch_rows(&self, r: usize, n: usize) {
+        let n = n.min(self.rows.saturating_sub(r));
+        if n == 0 {
+            return;
+        }
+        let bytes: &[u8] = match (self.packed, self.group_blocks(r)) {
+            (Packed::Q8(p), Some(b)) => bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())]),
+            (Packed::Q4(p), Some(b)) => bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())]),
+            (Packed::Q4K(p), Some(b)) => {
+                bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())])
+            }
+            (Packed::Q6K(p), Some(b)) => {
+                bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())])
+            }
+            (Packed::None, _) => {
+                let (b, k) = (self.cols / QK, self.cols / QK_K);
+                match self.data {
+                    WeightData::Q8_0(w) => bytemuck::cast_slice(&w[r * b..(r + n) * b]),
+                    WeightData::Q4_0(w) => bytemuck::cast_slice(&w[r * b..(r + n) * b]),
+                    WeightData::Q4K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
+                    WeightData::Q5K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
+                    WeightData::Q6K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
+                    _ => return,
+                }
+            }
+            _ => return, // the rows after the last repacked group
+        };
+        Arch::prefetch(bytes);
+    }
+
+    /// Rows r .. r + 16 (two repacked groups) with tokens t0 .. t0 + n
+    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`),
+    /// `Kernels::TILE_TOKENS` tokens a call: `put(i, t, value)` for row
+    /// r + i and token t; returns whether it was (the set has tile kernels
+    /// and both groups are repacked Q8_0 / Q4_0 ones).
+    #[inline]
+    fn prompt_tile<'x>(
+        &self,
+        r: usize,
+        t0: usize,
+        n: usize,
+        one_token: &impl Fn(usize) -> (&'x [f32], ActRef<'x>),
+        mut put: impl FnMut(usize, usize, f32),
+    ) -> bool {
+        if Arch::TILE_TOKENS == 0 || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_)) {
+            return false;
+        }
+        let (Some(first), Some(_)) = (self.group_blocks(r), self.group_blocks(r + ROWS8)) else { return false };
+        let (nb, blocks) = (first.len(), first.start..first.start + 2 * first.len());
+        let mut out = [[0.0f32; 16]; Arch::TILE_TOKENS];
+        let mut t = t0;
+        while t < t0 + n {
+            // (0 in a set without tile kernels, which never get here)
+            #[allow(clippy::unnecessary_min_or_max)]
+            let run = Arch::TILE_TOKENS.min(t0 + n - t);
+            let xs: [ActRef; Arch::TILE_TOKENS] =
+                std::array::from_fn(|j| if j < run { one_token(t + j).1 } else { ActRef::from(&[][..]) });
+            match self.packed {
+                Packed::Q8(p) => Arch::tile_q8(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
+                Packed::Q4(p) => Arch::tile_q4(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
+                _ => unreachable!("prompt_tile: checked above"),
+            }
+            for (j, row) in out[..run].iter().enumerate() {
+                for (i, &v) in row.iter().enumerate() {
+                    put(i, t + j, v);
+                }
+            }
+            t += run;
+        }
+        true
+    }
+
     /// Row `r` as f32 (embedding lookup).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         let (c, b, k) = (self.cols, self.cols / QK, self.cols / QK_K);
@@ -177,13 +252,14 @@ impl<'a> Input<'a> {
 }
 
 /// Rows of a weight tile in a prompt matmul: two repacked groups of eight,
-/// whose weights stay in L1 while they are applied to a run of tokens.
+/// whose weights stay in L1/L2 while they are applied to a run of tokens
+/// (`prompt_tile`'s kernels take exactly these 16 rows).
 const ROW_TILE: usize = 16;
 
 /// out[t][r] = Σ_c w[r][c] · x[t][c] for every token t of `input`.
 ///
 /// Each output element is one dot of row r with token t (`row_dot`, or its
-/// row's lane of `group_dot` / `group_dot4` for repacked rows, which are
+/// row's lane of `group_dots` / `prompt_tile` for repacked rows, which are
 /// bit-identical to it), whatever the thread count or batch size, so
 /// results are bit-identical across both.
 pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
@@ -233,7 +309,11 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
             let n = o.len() / rows;
             for r0 in (0..rows).step_by(ROW_TILE) {
                 let tile_rows = ROW_TILE.min(rows - r0);
-                tile_dots(w, r0, tile_rows, t0, n, &one_token, |i, t, v| o[(t - t0) * rows + r0 + i] = v);
+                w.prefetch_rows(r0 + ROW_TILE, ROW_TILE);
+                let mut put = |i: usize, t: usize, v: f32| o[(t - t0) * rows + r0 + i] = v;
+                if !(tile_rows == ROW_TILE && w.prompt_tile(r0, t0, n, &one_token, &mut put)) {
+                    tile_dots(w, r0, tile_rows, t0, n, &one_token, put);
+                }
             }
         });
     }

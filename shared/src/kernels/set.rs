@@ -128,6 +128,37 @@ pub trait Kernels {
         xs.map(|x| Self::dot_q4_r8(w, x))
     }
 
+    // ---- prompt tiles: two interleaved groups (16 rows) · a run of tokens
+
+    /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`) of this set takes
+    /// at most; 0: the set has none, and `matmul` runs long batches through
+    /// the eight-row kernels four tokens at a time.
+    const TILE_TOKENS: usize = 0;
+    /// Two consecutive interleaved Q8 groups (`w[g·nb + b]`, g = 0, 1) · the
+    /// activation rows `xs` (at most `TILE_TOKENS`): `out[t][8·g + k]` is
+    /// `dot_q8` of group g's row k with token t, bit for bit.
+    fn tile_q8(w: &[BlockQ8_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            o[..8].copy_from_slice(&Self::dot_q8_r8(&w[..nb], *x));
+            o[8..].copy_from_slice(&Self::dot_q8_r8(&w[nb..2 * nb], *x));
+        }
+    }
+    /// As `tile_q8` for Q4 groups.
+    fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            o[..8].copy_from_slice(&Self::dot_q4_r8(&w[..nb], *x));
+            o[8..].copy_from_slice(&Self::dot_q4_r8(&w[nb..2 * nb], *x));
+        }
+    }
+
+    /// Asks for `bytes` to be brought into the L2 cache ahead of use (a
+    /// prompt tile's weights, read while the previous tile computes); a
+    /// hint with no effect on results. The default does nothing.
+    #[inline]
+    fn prefetch(bytes: &[u8]) {
+        let _ = bytes;
+    }
+
     // ---- K-quant super-blocks of 256 · quantised activation blocks
     // (eight activation blocks per super-block; the order is `Portable`'s)
 

@@ -204,6 +204,66 @@ fn eight_row_dots_equal_single_row_dots() {
     }
 }
 
+/// The prompt tile kernels (`tile_q8`, `tile_q4`: two interleaved groups ·
+/// a run of tokens) against the single-row dots, bit for bit: every row of
+/// both groups, every run length up to the set's `TILE_TOKENS` (the
+/// default's four when it has none), odd block counts (fewer than the
+/// eight partial sums, and not a multiple of eight), extreme scales and
+/// quants; `Portable`'s default against the same dots.
+/// Tokens the tile tests and benchmark give a tile call: the set's
+/// `TILE_TOKENS`, or four for a set without tile kernels (the default).
+#[allow(clippy::absurd_extreme_comparisons)] // TILE_TOKENS is 0 in some sets
+const TILE_TEST_TOKENS: usize = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
+
+#[test]
+fn prompt_tiles_equal_single_row_dots() {
+    use crate::quant::{repack_q4_x8, repack_q8_x8};
+    let mut rng = Rng(0x0071_17e5);
+    for nb in (1..=17).chain([31, 48, 65, 280]) {
+        let rows = 2 * ROWS8;
+        let (mut w8, mut w4) = (q8_blocks(&mut rng, rows * nb), q4_blocks(&mut rng, rows * nb));
+        for (i, d) in
+            [f16::from_bits(1), f16::from_bits(0x3ff), f16::MAX, f16::ZERO, f16::INFINITY].into_iter().enumerate()
+        {
+            w8[(i * 7919) % (rows * nb)].d = d;
+            w4[(i * 104_729) % (rows * nb)].d = d;
+        }
+        w8[rows * nb / 2].qs = [-128; QK];
+        let p8 = repack_q8_x8(&w8, nb, Arch::Q8_X8_BIAS, "test").unwrap();
+        let p4 = repack_q4_x8(&w4, nb, "test").unwrap();
+        let r8 = repack_q8_x8(&w8, nb, Portable::Q8_X8_BIAS, "test").unwrap();
+        let n_max = TILE_TEST_TOKENS;
+        let mut acts: Vec<ActQ8> = (0..n_max).map(|_| act(&mut rng, nb).1).collect();
+        // an activation at the quantiser's extremes: every quant ±127
+        let big: Vec<f32> = (0..nb * QK).map(|i| if i % 3 == 0 { -1e30 } else { 1e30 }).collect();
+        acts[n_max - 1] = ActQ8::quantize(&big);
+        let want = |q8: bool, t: usize| -> [u32; 16] {
+            std::array::from_fn(|r| {
+                let row = r * nb..(r + 1) * nb;
+                let x = acts[t].as_ref();
+                if q8 { Arch::dot_q8(&w8[row], x) } else { Arch::dot_q4(&w4[row], x) }.to_bits()
+            })
+        };
+        for n in 1..=n_max {
+            let xs: Vec<ActRef> = acts[..n].iter().map(|a| a.as_ref()).collect();
+            let mut out = vec![[0.0f32; 16]; n];
+            let bits = |o: &[[f32; 16]], t: usize| o[t].map(f32::to_bits);
+            Arch::tile_q8(&p8, nb, &xs, &mut out);
+            for t in 0..n {
+                assert_eq!(bits(&out, t), want(true, t), "tile_q8 nb={nb} n={n} t={t}");
+            }
+            Arch::tile_q4(&p4, nb, &xs, &mut out);
+            for t in 0..n {
+                assert_eq!(bits(&out, t), want(false, t), "tile_q4 nb={nb} n={n} t={t}");
+            }
+            Portable::tile_q8(&r8, nb, &xs, &mut out);
+            for t in 0..n {
+                assert_eq!(bits(&out, t), want(true, t), "portable tile_q8 nb={nb} n={n} t={t}");
+            }
+        }
+    }
+}
+
 /// Attention's several-rows kernels (`dot_f32_rows`, `axpy_rows`) against the single-row
 /// kernels, bit for bit: lengths that are not multiples of the vector
 /// width, row counts around the four-row step, a stride wider than a row.
@@ -211,7 +271,7 @@ fn eight_row_dots_equal_single_row_dots() {
 fn kv_row_kernels_equal_single_row_kernels() {
     let mut rng = Rng(0xa77e_0000_0000_0001);
     for n in (1..=20).chain([31, 32, 33, 63, 64, 65, 96, 128, 129, 256]) {
-        for count in [1, 3, 4, 5, 8, 9, 17] {
+        for count in [1, 3, 4, 5, 8, 9, 13, 17] {
             let stride = n + 7;
             let rows = rng.vec(stride * count);
             let q = rng.vec(n);
@@ -647,6 +707,70 @@ fn int8_peak_counts_its_products() {
             assert_eq!((macs, check), Portable::int8_peak(rounds));
         } else {
             assert_eq!(check as i64, -6 * macs as i64, "{} over {rounds} rounds", Arch::INT8_PEAK);
+        }
+    }
+}
+
+/// The prompt tile kernels' multiply-accumulate rate on cache-resident data
+/// against `int8_peak`, one thread (run: RUSTFLAGS="-C target-feature=..."
+/// cargo test --release -p krafla --lib bench_tiles -- --ignored --nocapture).
+#[test]
+#[ignore]
+fn bench_tiles() {
+    use crate::quant::{repack_q4_x8, repack_q8_x8};
+    let mut rng = Rng(5);
+    let peak = {
+        let t = std::time::Instant::now();
+        let (macs, _) = Arch::int8_peak(1 << 20);
+        macs as f64 / t.elapsed().as_secs_f64() / 1e9
+    };
+    for cols in [1536, 8960] {
+        let nb = cols / QK;
+        let (w4, w8) = (q4_blocks(&mut rng, 16 * nb), q8_blocks(&mut rng, 16 * nb));
+        let p4 = repack_q4_x8(&w4, nb, "bench").unwrap();
+        let p8 = repack_q8_x8(&w8, nb, Arch::Q8_X8_BIAS, "bench").unwrap();
+        let acts: Vec<ActQ8> = (0..64).map(|_| act(&mut rng, nb).1).collect();
+        let n = TILE_TEST_TOKENS;
+        let mut out = [[0.0f32; 16]; 16];
+        let tile = |q8: bool, xs: &[ActRef], o: &mut [[f32; 16]]| {
+            if q8 {
+                Arch::tile_q8(&p8, nb, xs, o)
+            } else {
+                Arch::tile_q4(&p4, nb, xs, o)
+            }
+        };
+        // the eight-row kernels four tokens at a time, for comparison
+        let mut best = f64::MAX;
+        let mut sink = 0.0;
+        for _ in 0..20 {
+            let t = std::time::Instant::now();
+            for run in acts.chunks(4) {
+                let xs: [ActRef; 4] = std::array::from_fn(|i| run[i].as_ref());
+                for g in 0..2 {
+                    sink += Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], xs)[0][0];
+                }
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let macs = (16 * cols * acts.len()) as f64;
+        eprintln!("{ISA} dot_q4_r8_x4 {cols} cols: {:.1} GMAC/s ({sink})", macs / best / 1e9);
+        for (name, q8) in [("q4", false), ("q8", true)] {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                for run in acts.chunks(n) {
+                    let xs: Vec<ActRef> = run.iter().map(|a| a.as_ref()).collect();
+                    tile(q8, &xs, &mut out[..xs.len()]);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let macs = (16 * cols * acts.len()) as f64;
+            eprintln!(
+                "{ISA} tile_{name} {cols} cols, {n} tokens a call: {:.1} GMAC/s, {:.0} % of the peak {peak:.1} ({})",
+                macs / best / 1e9,
+                100.0 * macs / best / 1e9 / peak,
+                out[0][0]
+            );
         }
     }
 }

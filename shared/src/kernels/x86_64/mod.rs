@@ -11,3 +11,15 @@ pub mod avx2;
 pub mod avx512vnni;
 #[cfg(krafla_isa = "sse41")]
 pub mod sse41;
+
+/// `Kernels::prefetch` of the AVX2 and AVX-512 sets: `prefetcht1` (into L2)
+/// for each 64-byte line.
+#[cfg(any(krafla_isa = "avx2", krafla_isa = "avx512vnni"))]
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch is a hint that reads nothing architecturally;
+        // the address is inside `bytes`. SSE, in every x86-64 build.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast()) };
+    }
+}

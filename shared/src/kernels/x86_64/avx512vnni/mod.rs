@@ -12,6 +12,8 @@
 
 use core::arch::x86_64::*;
 
+mod tiles;
+
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
@@ -32,6 +34,11 @@ impl Kernels for Avx512Vnni {
     const KQUANT_ROWS8: bool = true;
     entry_points!(avx2_float: f32_ops, kv_rows);
     entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
+    entry_points!(tiles: tiles);
+    #[inline]
+    fn prefetch(bytes: &[u8]) {
+        super::prefetch(bytes)
+    }
 }
 
 isa_features!(

@@ -1,0 +1,130 @@
+//! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`): sixteen
+//! rows, two interleaved groups side by side in one zmm (a lane per row),
+//! against up to eight tokens. Each block's weights are loaded (and for Q4
+//! unpacked) once for all the tokens, and each token's broadcast
+//! activations serve all sixteen rows: eight `vpdpbusd` per token and block,
+//! one exact integer sum per lane, then `portable`'s float steps.
+//!
+//! The order is `portable::dot_q8`'s: block b adds (d_w·d_x)·isum into
+//! partial sum b mod 8, then `combine8`. The blocks are walked partial by
+//! partial (b = j, j + 8, ...), so that each token needs one accumulator at
+//! a time rather than eight: the additions into each partial sum still come
+//! in increasing b, so every result is the same bits.
+
+use core::arch::x86_64::*;
+
+use half::f16;
+
+use super::super::avx2::int8::ld_rows;
+use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8};
+
+/// The loop of `tile_q8` / `tile_q4` for `$n` tokens: `|b0, b1| weights`
+/// gives a block's eight weight vectors (groups 0 and 1 of block b, four
+/// weights of a row per lane, unsigned; vector i pairs with the activation
+/// quants 4·i to 4·i + 3), `$bias` what they add to each product's weight
+/// (Σ = Σ (w + bias)·q − bias·Σq). A macro so that it is inlined into
+/// the target-feature functions with `$n` a constant.
+macro_rules! tile16_n {
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {{
+        let (nb, xs, out) = ($nb, $xs, $out);
+        let (w0, w1) = (&$w[..nb], &$w[nb..2 * nb]);
+        let xs: [&[BlockQ8Act]; $n] = unroll!($n, |t| &xs[t].blocks()[..nb]);
+        let mut part = [[_mm512_setzero_ps(); 8]; $n]; // [token][partial sum]
+        for j in 0..8.min(nb) {
+            let mut acc = [_mm512_setzero_ps(); $n];
+            let mut b = j;
+            while b < nb {
+                let ($b0, $b1) = (&w0[b], &w1[b]);
+                let wv: [__m512i; 8] = $weights;
+                let dw = scales16(&$b0.d, &$b1.d);
+                let _ = unroll!($n, |t| {
+                    let x = &xs[t][b];
+                    let mut s = _mm512_set1_epi32(-$bias * x.sum);
+                    let _ = unroll!(8, |i| s = _mm512_dpbusd_epi32(s, wv[i], bcast4(x, i)));
+                    let d = _mm512_mul_ps(dw, _mm512_set1_ps(x.d));
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)));
+                });
+                b += 8;
+            }
+            let _ = unroll!($n, |t| part[t][j] = acc[t]);
+        }
+        for t in 0..$n {
+            let h = |x, y| _mm512_add_ps(x, y);
+            let a = &part[t];
+            let v = h(h(h(a[0], a[4]), h(a[1], a[5])), h(h(a[2], a[6]), h(a[3], a[7])));
+            // SAFETY: `out[t]` is 16 writable f32; storeu needs no alignment.
+            unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), v) };
+        }
+    }};
+}
+
+/// `tile16_n!` for 1 to 8 tokens, one arm per count.
+macro_rules! tile16 {
+    ($w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {{
+        let (w, nb, xs, out) = ($w, $nb, $xs, $out);
+        assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} blocks");
+        match xs.len() {
+            1 => tile16_n!(1, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            2 => tile16_n!(2, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            3 => tile16_n!(3, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            4 => tile16_n!(4, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            5 => tile16_n!(5, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            6 => tile16_n!(6, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            7 => tile16_n!(7, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            8 => tile16_n!(8, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            n => panic!("prompt tile: {n} tokens (1 to {TILE_TOKENS})"),
+        }
+    }};
+}
+
+/// Tokens per tile (`Kernels::TILE_TOKENS`).
+pub const TILE_TOKENS: usize = 8;
+
+isa_features!(
+    /// Groups 0 and 1's 32-byte chunk `i` of a block side by side: four
+    /// weights (or nibble bytes) of each of the sixteen rows.
+    #[inline]
+    fn ld_pair(a: &[u8], b: &[u8], i: usize) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld_rows(a, i)), ld_rows(b, i))
+    }
+
+    /// The sixteen rows' f16 scales as f32 (exact).
+    #[inline]
+    fn scales16(a: &[f16; 8], b: &[f16; 8]) -> __m512 {
+        // SAFETY: `a` and `b` each point to 8 readable f16 (16 bytes); loadu needs no alignment.
+        let (a, b) = unsafe { (_mm_loadu_si128(a.as_ptr().cast()), _mm_loadu_si128(b.as_ptr().cast())) };
+        _mm512_cvtph_ps(_mm256_set_m128i(b, a))
+    }
+
+    /// Activation quants 4·i .. 4·i + 4 of a block, broadcast to every lane.
+    #[inline]
+    fn bcast4(x: &BlockQ8Act, i: usize) -> __m512i {
+        let q: &[i8; 4] = x.qs[4 * i..4 * i + 4].try_into().unwrap();
+        _mm512_set1_epi32(i32::from_le_bytes(q.map(|v| v as u8)))
+    }
+
+    /// Two interleaved Q8 groups (stored w + 128) · up to eight tokens.
+    pub(crate) fn tile_q8(w: &[BlockQ8_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile16!(w, nb, xs, out, |b0, b1| unroll!(8, |i| ld_pair(&b0.qs, &b1.qs, i)), 128)
+    }
+
+    /// Two interleaved Q4 groups · up to eight tokens: each 32-byte chunk's
+    /// low nibbles pair with activation quants 4·i .., its high nibbles
+    /// with 16 + 4·i ...
+    pub(crate) fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        let m = _mm512_set1_epi8(0x0f);
+        tile16!(
+            w,
+            nb,
+            xs,
+            out,
+            |b0, b1| {
+                let v = unroll!(4, |i| ld_pair(&b0.qs, &b1.qs, i));
+                let lo = unroll!(4, |i| _mm512_and_si512(v[i], m));
+                let hi = unroll!(4, |i| _mm512_and_si512(_mm512_srli_epi16::<4>(v[i]), m));
+                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            },
+            8
+        )
+    }
+);
