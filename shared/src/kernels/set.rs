@@ -130,7 +130,7 @@ pub trait Kernels {
 
     // ---- prompt tiles: two interleaved groups (16 rows) · a run of tokens
 
-    /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`) of this set takes
+    /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`, `tile_q4k`) of this set takes
     /// at most; 0: the set has none, and `matmul` runs long batches through
     /// the eight-row kernels four tokens at a time.
     const TILE_TOKENS: usize = 0;
@@ -157,6 +157,15 @@ pub trait Kernels {
     #[inline]
     fn prefetch(bytes: &[u8]) {
         let _ = bytes;
+    }
+
+    /// As `tile_q8` for Q4_K groups (`nb` super-blocks each): `out[t][8·g
+    /// + k]` is `dot_q4k` of group g's row k with token t, bit for bit.
+    fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            o[..8].copy_from_slice(&Self::dot_q4k_r8(&w[..nb], *x));
+            o[8..].copy_from_slice(&Self::dot_q4k_r8(&w[nb..2 * nb], *x));
+        }
     }
 
     // ---- K-quant super-blocks of 256 · quantised activation blocks

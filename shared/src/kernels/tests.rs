@@ -747,13 +747,55 @@ fn bench_tiles() {
             for run in acts.chunks(4) {
                 let xs: [ActRef; 4] = std::array::from_fn(|i| run[i].as_ref());
                 for g in 0..2 {
-                    sink += Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], xs)[0][0];
+                    sink += std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], xs))[0][0];
                 }
             }
             best = best.min(t.elapsed().as_secs_f64());
         }
         let macs = (16 * cols * acts.len()) as f64;
         eprintln!("{ISA} dot_q4_r8_x4 {cols} cols: {:.1} GMAC/s ({sink})", macs / best / 1e9);
+        {
+            // Q4_K: the same rows at 256-weight super-blocks
+            use crate::quant::{repack_q4k_x8, BlockQ4K};
+            let nbs = cols / 256;
+            let w: Vec<BlockQ4K> = (0..16 * nbs)
+                .map(|i| BlockQ4K {
+                    d: f16::from_f32(0.01),
+                    dmin: f16::from_f32(0.002),
+                    scales: std::array::from_fn(|j| ((i * 7 + j * 13) % 64) as u8),
+                    qs: std::array::from_fn(|j| ((i * 31 + j * 17) % 256) as u8),
+                })
+                .collect();
+            let pk = repack_q4k_x8(&w, nbs, "bench").unwrap();
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                for run in acts.chunks(TILE_TEST_TOKENS) {
+                    let xs: Vec<ActRef> = run.iter().map(|a| a.as_ref()).collect();
+                    Arch::tile_q4k(&pk, nbs, &xs, &mut out[..xs.len()]);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let macs = (16 * cols * acts.len()) as f64;
+            eprintln!(
+                "{ISA} tile_q4k {cols} cols: {:.1} GMAC/s, {:.0} % of the peak",
+                macs / best / 1e9,
+                100.0 * macs / best / 1e9 / peak
+            );
+            let mut best = f64::MAX;
+            let mut sink = 0.0;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                for run in acts.chunks(4) {
+                    let xs: [ActRef; 4] = std::array::from_fn(|i| run[i].as_ref());
+                    for g in 0..2 {
+                        sink += std::hint::black_box(Arch::dot_q4k_r8_x4(&pk[g * nbs..(g + 1) * nbs], xs))[0][0];
+                    }
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            eprintln!("{ISA} dot_q4k_r8_x4 {cols} cols: {:.1} GMAC/s ({sink})", macs / best / 1e9);
+        }
         for (name, q8) in [("q4", false), ("q8", true)] {
             let mut best = f64::MAX;
             for _ in 0..20 {

@@ -346,6 +346,47 @@ fn kquant_eight_row_dots_equal_single_row_dots() {
     }
 }
 
+/// The Q4_K prompt tile kernel (`tile_q4k`: two interleaved groups · a run
+/// of tokens) against the single-row dots, bit for bit: every row, every run
+/// length up to the set's `TILE_TOKENS` (four for the default), random and
+/// extreme blocks and activations.
+#[test]
+fn kquant_prompt_tiles_equal_single_row_dots() {
+    use crate::quant::{repack_q4k_x8, ROWS8};
+    let mut rng = Rng(0x7117_4b);
+    #[allow(clippy::absurd_extreme_comparisons)] // TILE_TOKENS is 0 in some sets
+    let n_max = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
+    for (nb, pattern, extreme) in [(1, 3, false), (2, 3, false), (6, 3, false), (9, 3, false), (35, 3, false)]
+        .into_iter()
+        .chain((0..4).flat_map(|p| [(1, p, true), (3, p, true)]))
+    {
+        let rows = 2 * ROWS8;
+        let w4 = q4k(&mut rng, rows * nb, pattern, extreme);
+        let p4 = repack_q4k_x8(&w4, nb, "test").unwrap();
+        let acts: Vec<ActQ8> = (0..n_max).map(|_| acts(&mut rng, 8 * nb, pattern, extreme)).collect();
+        let want: Vec<[u32; 16]> = acts
+            .iter()
+            .map(|a| std::array::from_fn(|r| Arch::dot_q4k(&w4[r * nb..(r + 1) * nb], a.as_ref()).to_bits()))
+            .collect();
+        for n in 1..=n_max {
+            let xs: Vec<ActRef> = acts[..n].iter().map(|a| a.as_ref()).collect();
+            let mut out = vec![[0.0f32; 16]; n];
+            Arch::tile_q4k(&p4, nb, &xs, &mut out);
+            for t in 0..n {
+                assert_eq!(
+                    out[t].map(f32::to_bits),
+                    want[t],
+                    "tile_q4k nb={nb} pattern={pattern} {extreme} n={n} t={t}"
+                );
+            }
+            Portable::tile_q4k(&p4, nb, &xs, &mut out);
+            for t in 0..n {
+                assert_eq!(out[t].map(f32::to_bits), want[t], "portable tile_q4k nb={nb} n={n} t={t}");
+            }
+        }
+    }
+}
+
 /// A Q4_K and a Q6_K matrix give the same bits through `matmul` with and
 /// without the eight-row layout, for one token, a batch split by row tiles
 /// and one split by runs of tokens, on 1 to 3 threads.

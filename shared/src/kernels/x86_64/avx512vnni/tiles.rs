@@ -1,4 +1,4 @@
-//! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`): sixteen
+//! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`, `tile_q4k`): sixteen
 //! rows, two interleaved groups side by side in one zmm (a lane per row),
 //! against up to eight tokens. Each block's weights are loaded (and for Q4
 //! unpacked) once for all the tokens, and each token's broadcast
@@ -16,7 +16,7 @@ use core::arch::x86_64::*;
 use half::f16;
 
 use super::super::avx2::int8::ld_rows;
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8};
+use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8};
 
 /// The loop of `tile_q8` / `tile_q4` for `$n` tokens: `|b0, b1| weights`
 /// gives a block's eight weight vectors (groups 0 and 1 of block b, four
@@ -48,18 +48,67 @@ macro_rules! tile16_n {
             }
             let _ = unroll!($n, |t| part[t][j] = acc[t]);
         }
-        for t in 0..$n {
-            let h = |x, y| _mm512_add_ps(x, y);
-            let a = &part[t];
-            let v = h(h(h(a[0], a[4]), h(a[1], a[5])), h(h(a[2], a[6]), h(a[3], a[7])));
-            // SAFETY: `out[t]` is 16 writable f32; storeu needs no alignment.
-            unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), v) };
-        }
+        let _ = unroll!($n, |t| combine_store(&part[t], &mut out[t]));
     }};
 }
 
-/// `tile16_n!` for 1 to 8 tokens, one arm per count.
+/// Q4_K's loop for `$n` tokens (`tile_q4k`): as `tile16_n!`, sub-block j
+/// of each super-block into partial sum j (`portable::dot_q4k`'s order),
+/// lane k += (d_k·d_x)·(sc_k·isum) − (dmin_k·d_x)·(m_k·Σq_x), each product
+/// rounded, no FMA (`portable::k_min_term`; avx2/kquant_rows8.rs's
+/// `k_min_rows` for sixteen lanes). The codes of sub-block j are the low
+/// (j even) or high (j odd) nibbles of part j / 2.
+macro_rules! tile16_q4k_n {
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr) => {{
+        let (nb, xs, out) = ($nb, $xs, $out);
+        let (w0, w1): (&[BlockQ4Kx8], &[BlockQ4Kx8]) = (&$w[..nb], &$w[nb..2 * nb]);
+        let xs: [&[BlockQ8Act]; $n] = unroll!($n, |t| &xs[t].blocks()[..8 * nb]);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut part = [[_mm512_setzero_ps(); 8]; $n]; // [token][partial sum]
+        for j in 0..8 {
+            let (c, shift) = (j / 2, _mm_cvtsi32_si128(4 * (j % 2) as i32));
+            let mut acc = [_mm512_setzero_ps(); $n];
+            for s in 0..nb {
+                let (b0, b1) = (&w0[s], &w1[s]);
+                let (q0, q1) = (&b0.qs[256 * c..256 * c + 256], &b1.qs[256 * c..256 * c + 256]);
+                let codes = unroll!(8, |g| _mm512_and_si512(_mm512_srl_epi16(ld_pair(q0, q1, g), shift), m4));
+                let (sc, mn) = (lanes16_u8(&b0.scales[j], &b1.scales[j]), lanes16_u8(&b0.mins[j], &b1.mins[j]));
+                let (d, dmin) = (scales16(&b0.d, &b1.d), scales16(&b0.dmin, &b1.dmin));
+                let _ = unroll!($n, |t| {
+                    let x = &xs[t][8 * s + j];
+                    let mut isum = _mm512_setzero_si512();
+                    let _ = unroll!(8, |g| isum = _mm512_dpbusd_epi32(isum, codes[g], bcast4(x, g)));
+                    let dx = _mm512_set1_ps(x.d);
+                    let sv = _mm512_mullo_epi32(sc, isum);
+                    let mv = _mm512_mullo_epi32(mn, _mm512_set1_epi32(x.sum));
+                    let a = _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sv));
+                    let b = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(mv));
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, b));
+                });
+            }
+            let _ = unroll!($n, |t| part[t][j] = acc[t]);
+        }
+        let _ = unroll!($n, |t| combine_store(&part[t], &mut out[t]));
+    }};
+}
+
+/// `tile16_n!` (or `tile16_q4k_n!`) for 1 to 8 tokens, one arm per count.
 macro_rules! tile16 {
+    (q4k, $w:expr, $nb:expr, $xs:expr, $out:expr) => {{
+        let (w, nb, xs, out) = ($w, $nb, $xs, $out);
+        assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} super-blocks");
+        match xs.len() {
+            1 => tile16_q4k_n!(1, w, nb, xs, out),
+            2 => tile16_q4k_n!(2, w, nb, xs, out),
+            3 => tile16_q4k_n!(3, w, nb, xs, out),
+            4 => tile16_q4k_n!(4, w, nb, xs, out),
+            5 => tile16_q4k_n!(5, w, nb, xs, out),
+            6 => tile16_q4k_n!(6, w, nb, xs, out),
+            7 => tile16_q4k_n!(7, w, nb, xs, out),
+            8 => tile16_q4k_n!(8, w, nb, xs, out),
+            n => panic!("prompt tile: {n} tokens (1 to {TILE_TOKENS})"),
+        }
+    }};
     ($w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {{
         let (w, nb, xs, out) = ($w, $nb, $xs, $out);
         assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} blocks");
@@ -96,6 +145,22 @@ isa_features!(
         _mm512_cvtph_ps(_mm256_set_m128i(b, a))
     }
 
+    /// Sixteen unsigned bytes (groups 0 and 1's, one per row) as i32 lanes.
+    #[inline]
+    fn lanes16_u8(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
+        _mm512_cvtepu8_epi32(_mm_set_epi64x(i64::from_le_bytes(*b), i64::from_le_bytes(*a)))
+    }
+
+    /// A token's sixteen results from its eight partial sums: ((p0 + p4) +
+    /// (p1 + p5)) + ((p2 + p6) + (p3 + p7)) per lane, `portable::combine8`.
+    #[inline]
+    fn combine_store(p: &[__m512; 8], out: &mut [f32; 16]) {
+        let h = |x, y| _mm512_add_ps(x, y);
+        let v = h(h(h(p[0], p[4]), h(p[1], p[5])), h(h(p[2], p[6]), h(p[3], p[7])));
+        // SAFETY: `out` is 16 writable f32; storeu needs no alignment.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+    }
+
     /// Activation quants 4·i .. 4·i + 4 of a block, broadcast to every lane.
     #[inline]
     fn bcast4(x: &BlockQ8Act, i: usize) -> __m512i {
@@ -126,5 +191,10 @@ isa_features!(
             },
             8
         )
+    }
+
+    /// Two interleaved Q4_K groups (`nb` super-blocks each) · up to eight tokens.
+    pub(crate) fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile16!(q4k, w, nb, xs, out)
     }
 );
