@@ -712,107 +712,75 @@ fn int8_peak_counts_its_products() {
 }
 
 /// The prompt tile kernels' multiply-accumulate rate on cache-resident data
-/// against `int8_peak`, one thread (run: RUSTFLAGS="-C target-feature=..."
-/// cargo test --release -p krafla --lib bench_tiles -- --ignored --nocapture).
+/// against `int8_peak`, one thread, with the four-token eight-row kernels
+/// beside them (run: RUSTFLAGS="-C target-feature=..." cargo test --release
+/// -p krafla --lib bench_tiles -- --ignored --nocapture).
 #[test]
 #[ignore]
 fn bench_tiles() {
-    use crate::quant::{repack_q4_x8, repack_q8_x8};
+    use crate::quant::{repack_q4_x8, repack_q4k_x8, repack_q8_x8, BlockQ4K};
     let mut rng = Rng(5);
     let peak = {
         let t = std::time::Instant::now();
         let (macs, _) = Arch::int8_peak(1 << 20);
         macs as f64 / t.elapsed().as_secs_f64() / 1e9
     };
+    fn four<'a>(xs: &[ActRef<'a>]) -> [ActRef<'a>; 4] {
+        std::array::from_fn(|i| xs[i])
+    }
     for cols in [1536, 8960] {
-        let nb = cols / QK;
+        let (nb, nbs) = (cols / QK, cols / 256);
         let (w4, w8) = (q4_blocks(&mut rng, 16 * nb), q8_blocks(&mut rng, 16 * nb));
+        let wk: Vec<BlockQ4K> = (0..16 * nbs)
+            .map(|i| BlockQ4K {
+                d: f16::from_f32(0.01),
+                dmin: f16::from_f32(0.002),
+                scales: std::array::from_fn(|j| ((i * 7 + j * 13) % 64) as u8),
+                qs: std::array::from_fn(|j| ((i * 31 + j * 17) % 256) as u8),
+            })
+            .collect();
         let p4 = repack_q4_x8(&w4, nb, "bench").unwrap();
         let p8 = repack_q8_x8(&w8, nb, Arch::Q8_X8_BIAS, "bench").unwrap();
+        let pk = repack_q4k_x8(&wk, nbs, "bench").unwrap();
         let acts: Vec<ActQ8> = (0..64).map(|_| act(&mut rng, nb).1).collect();
-        let n = TILE_TEST_TOKENS;
-        let mut out = [[0.0f32; 16]; 16];
-        let tile = |q8: bool, xs: &[ActRef], o: &mut [[f32; 16]]| {
-            if q8 {
-                Arch::tile_q8(&p8, nb, xs, o)
-            } else {
-                Arch::tile_q4(&p4, nb, xs, o)
-            }
-        };
-        // the eight-row kernels four tokens at a time, for comparison
-        let mut best = f64::MAX;
-        let mut sink = 0.0;
-        for _ in 0..20 {
-            let t = std::time::Instant::now();
-            for run in acts.chunks(4) {
-                let xs: [ActRef; 4] = std::array::from_fn(|i| run[i].as_ref());
-                for g in 0..2 {
-                    sink += std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], xs))[0][0];
-                }
-            }
-            best = best.min(t.elapsed().as_secs_f64());
-        }
         let macs = (16 * cols * acts.len()) as f64;
-        eprintln!("{ISA} dot_q4_r8_x4 {cols} cols: {:.1} GMAC/s ({sink})", macs / best / 1e9);
-        {
-            // Q4_K: the same rows at 256-weight super-blocks
-            use crate::quant::{repack_q4k_x8, BlockQ4K};
-            let nbs = cols / 256;
-            let w: Vec<BlockQ4K> = (0..16 * nbs)
-                .map(|i| BlockQ4K {
-                    d: f16::from_f32(0.01),
-                    dmin: f16::from_f32(0.002),
-                    scales: std::array::from_fn(|j| ((i * 7 + j * 13) % 64) as u8),
-                    qs: std::array::from_fn(|j| ((i * 31 + j * 17) % 256) as u8),
-                })
-                .collect();
-            let pk = repack_q4k_x8(&w, nbs, "bench").unwrap();
-            let mut best = f64::MAX;
+        // best of 20 passes of `run` over the 64 tokens in runs of `n`
+        let time = |name: &str, n: usize, run: &mut dyn FnMut(&[ActRef]) -> f32| {
+            let (mut best, mut sink) = (f64::MAX, 0.0);
             for _ in 0..20 {
                 let t = std::time::Instant::now();
-                for run in acts.chunks(TILE_TEST_TOKENS) {
-                    let xs: Vec<ActRef> = run.iter().map(|a| a.as_ref()).collect();
-                    Arch::tile_q4k(&pk, nbs, &xs, &mut out[..xs.len()]);
+                for chunk in acts.chunks(n) {
+                    let xs: Vec<ActRef> = chunk.iter().map(|a| a.as_ref()).collect();
+                    sink += run(&xs);
                 }
                 best = best.min(t.elapsed().as_secs_f64());
             }
-            let macs = (16 * cols * acts.len()) as f64;
+            let rate = macs / best / 1e9;
             eprintln!(
-                "{ISA} tile_q4k {cols} cols: {:.1} GMAC/s, {:.0} % of the peak",
-                macs / best / 1e9,
-                100.0 * macs / best / 1e9 / peak
+                "{ISA} {name} {cols} cols: {rate:.1} GMAC/s, {:.0} % of the peak {peak:.1} ({sink})",
+                100.0 * rate / peak
             );
-            let mut best = f64::MAX;
-            let mut sink = 0.0;
-            for _ in 0..20 {
-                let t = std::time::Instant::now();
-                for run in acts.chunks(4) {
-                    let xs: [ActRef; 4] = std::array::from_fn(|i| run[i].as_ref());
-                    for g in 0..2 {
-                        sink += std::hint::black_box(Arch::dot_q4k_r8_x4(&pk[g * nbs..(g + 1) * nbs], xs))[0][0];
-                    }
-                }
-                best = best.min(t.elapsed().as_secs_f64());
+        };
+        let mut out = [[0.0f32; 16]; 16];
+        let mut tile = |kind: usize, xs: &[ActRef]| {
+            let o = &mut out[..xs.len()];
+            match kind {
+                0 => Arch::tile_q4(&p4, nb, xs, o),
+                1 => Arch::tile_q8(&p8, nb, xs, o),
+                _ => Arch::tile_q4k(&pk, nbs, xs, o),
             }
-            eprintln!("{ISA} dot_q4k_r8_x4 {cols} cols: {:.1} GMAC/s ({sink})", macs / best / 1e9);
-        }
-        for (name, q8) in [("q4", false), ("q8", true)] {
-            let mut best = f64::MAX;
-            for _ in 0..20 {
-                let t = std::time::Instant::now();
-                for run in acts.chunks(n) {
-                    let xs: Vec<ActRef> = run.iter().map(|a| a.as_ref()).collect();
-                    tile(q8, &xs, &mut out[..xs.len()]);
-                }
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            let macs = (16 * cols * acts.len()) as f64;
-            eprintln!(
-                "{ISA} tile_{name} {cols} cols, {n} tokens a call: {:.1} GMAC/s, {:.0} % of the peak {peak:.1} ({})",
-                macs / best / 1e9,
-                100.0 * macs / best / 1e9 / peak,
-                out[0][0]
-            );
-        }
+            std::hint::black_box(&out);
+            out[0][0]
+        };
+        let n = TILE_TEST_TOKENS;
+        time("tile_q4", n, &mut |xs| tile(0, xs));
+        time("tile_q8", n, &mut |xs| tile(1, xs));
+        time("tile_q4k", n, &mut |xs| tile(2, xs));
+        time("dot_q4_r8_x4", 4, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], four(xs)))[0][0]).sum()
+        });
+        time("dot_q4k_r8_x4", 4, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q4k_r8_x4(&pk[g * nbs..(g + 1) * nbs], four(xs)))[0][0]).sum()
+        });
     }
 }
