@@ -142,30 +142,25 @@ impl<'a> MatRef<'a> {
     /// tile reads next, fetched while the one before computes): the
     /// repacked groups when they are repacked, else the plain rows.
     fn prefetch_rows(&self, r: usize, n: usize) {
-        let n = n.min(self.rows.saturating_sub(r));
-        if n == 0 {
-            return;
+        /// Elements from .. from + len of `v` (as far as it goes) as bytes.
+        fn part<T: bytemuck::Pod>(v: &[T], from: usize, len: usize) -> &[u8] {
+            bytemuck::cast_slice(&v[from.min(v.len())..(from + len).min(v.len())])
         }
-        let bytes: &[u8] = match (self.packed, self.group_blocks(r)) {
-            (Packed::Q8(p), Some(b)) => bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())]),
-            (Packed::Q4(p), Some(b)) => bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())]),
-            (Packed::Q4K(p), Some(b)) => {
-                bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())])
-            }
-            (Packed::Q6K(p), Some(b)) => {
-                bytemuck::cast_slice(&p[b.start..(b.start + b.len() * n / ROWS8).min(p.len())])
-            }
-            (Packed::None, _) => {
-                let (b, k) = (self.cols / QK, self.cols / QK_K);
-                match self.data {
-                    WeightData::Q8_0(w) => bytemuck::cast_slice(&w[r * b..(r + n) * b]),
-                    WeightData::Q4_0(w) => bytemuck::cast_slice(&w[r * b..(r + n) * b]),
-                    WeightData::Q4K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
-                    WeightData::Q5K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
-                    WeightData::Q6K(w) => bytemuck::cast_slice(&w[r * k..(r + n) * k]),
-                    _ => return,
-                }
-            }
+        let n = n.min(self.rows.saturating_sub(r));
+        let (b, k) = (self.cols / QK, self.cols / QK_K);
+        let bytes = match (self.packed, self.group_blocks(r)) {
+            (Packed::Q8(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::Q4(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::Q4K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::Q6K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::None, _) => match self.data {
+                WeightData::Q8_0(w) => part(w, r * b, n * b),
+                WeightData::Q4_0(w) => part(w, r * b, n * b),
+                WeightData::Q4K(w) => part(w, r * k, n * k),
+                WeightData::Q5K(w) => part(w, r * k, n * k),
+                WeightData::Q6K(w) => part(w, r * k, n * k),
+                _ => return,
+            },
             _ => return, // the rows after the last repacked group
         };
         Arch::prefetch(bytes);
