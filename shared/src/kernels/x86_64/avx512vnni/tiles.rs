@@ -92,35 +92,22 @@ macro_rules! tile16_q4k_n {
     }};
 }
 
-/// `tile16_n!` (or `tile16_q4k_n!`) for 1 to 8 tokens, one arm per count.
+/// `$loop!(n, args...)` (`tile16_n!` or `tile16_q4k_n!`) for the 1 to 8
+/// tokens of `$xs`, one arm per count, after checking that `$w` holds the
+/// two groups (`$nb` blocks or super-blocks each) and `$out` a row per token.
 macro_rules! tile16 {
-    (q4k, $w:expr, $nb:expr, $xs:expr, $out:expr) => {{
-        let (w, nb, xs, out) = ($w, $nb, $xs, $out);
-        assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} super-blocks");
-        match xs.len() {
-            1 => tile16_q4k_n!(1, w, nb, xs, out),
-            2 => tile16_q4k_n!(2, w, nb, xs, out),
-            3 => tile16_q4k_n!(3, w, nb, xs, out),
-            4 => tile16_q4k_n!(4, w, nb, xs, out),
-            5 => tile16_q4k_n!(5, w, nb, xs, out),
-            6 => tile16_q4k_n!(6, w, nb, xs, out),
-            7 => tile16_q4k_n!(7, w, nb, xs, out),
-            8 => tile16_q4k_n!(8, w, nb, xs, out),
-            n => panic!("prompt tile: {n} tokens (1 to {TILE_TOKENS})"),
-        }
-    }};
-    ($w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {{
+    ($loop:ident, $w:expr, $nb:expr, $xs:expr, $out:expr $(, $($rest:tt)*)?) => {{
         let (w, nb, xs, out) = ($w, $nb, $xs, $out);
         assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} blocks");
         match xs.len() {
-            1 => tile16_n!(1, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            2 => tile16_n!(2, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            3 => tile16_n!(3, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            4 => tile16_n!(4, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            5 => tile16_n!(5, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            6 => tile16_n!(6, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            7 => tile16_n!(7, w, nb, xs, out, |$b0, $b1| $weights, $bias),
-            8 => tile16_n!(8, w, nb, xs, out, |$b0, $b1| $weights, $bias),
+            1 => $loop!(1, w, nb, xs, out $(, $($rest)*)?),
+            2 => $loop!(2, w, nb, xs, out $(, $($rest)*)?),
+            3 => $loop!(3, w, nb, xs, out $(, $($rest)*)?),
+            4 => $loop!(4, w, nb, xs, out $(, $($rest)*)?),
+            5 => $loop!(5, w, nb, xs, out $(, $($rest)*)?),
+            6 => $loop!(6, w, nb, xs, out $(, $($rest)*)?),
+            7 => $loop!(7, w, nb, xs, out $(, $($rest)*)?),
+            8 => $loop!(8, w, nb, xs, out $(, $($rest)*)?),
             n => panic!("prompt tile: {n} tokens (1 to {TILE_TOKENS})"),
         }
     }};
@@ -170,7 +157,7 @@ isa_features!(
 
     /// Two interleaved Q8 groups (stored w + 128) · up to eight tokens.
     pub(crate) fn tile_q8(w: &[BlockQ8_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        tile16!(w, nb, xs, out, |b0, b1| unroll!(8, |i| ld_pair(&b0.qs, &b1.qs, i)), 128)
+        tile16!(tile16_n, w, nb, xs, out, |b0, b1| unroll!(8, |i| ld_pair(&b0.qs, &b1.qs, i)), 128)
     }
 
     /// Two interleaved Q4 groups · up to eight tokens: each 32-byte chunk's
@@ -179,6 +166,7 @@ isa_features!(
     pub(crate) fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
         let m = _mm512_set1_epi8(0x0f);
         tile16!(
+            tile16_n,
             w,
             nb,
             xs,
@@ -195,6 +183,6 @@ isa_features!(
 
     /// Two interleaved Q4_K groups (`nb` super-blocks each) · up to eight tokens.
     pub(crate) fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        tile16!(q4k, w, nb, xs, out)
+        tile16!(tile16_q4k_n, w, nb, xs, out)
     }
 );
