@@ -49,39 +49,11 @@ isa_features!(
     }
 
     /// out[p] = `dot_f32`(q, row p) for rows p at `rows[p·stride..]`, bit
-    /// for bit: eight rows at a time, then four (independent chains, `q`
-    /// loaded once for them), their eight-lane sums combined as `hsum`
-    /// does (for four, in one transposed step), then each row's scalar
-    /// tail added.
+    /// for bit: four rows at a time (independent chains, `q` loaded once for
+    /// the four), their eight-lane sums combined as `hsum` does in one
+    /// transposed step, then each row's scalar tail added.
     #[inline]
     pub(crate) fn dot_f32_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-        // eight rows at a time while there are eight (eight add chains in
-        // flight rather than four: the adds' latency, not their rate, bounds four)
-        let n = q.len();
-        let full = n / 8 * 8;
-        let mut p = 0;
-        while p + 8 <= out.len() {
-            let r = unroll!(8, |j| &rows[(p + j) * stride..(p + j) * stride + n]);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut c = 0;
-            while c < full {
-                let qv = ld(&q[c..c + 8]);
-                acc = unroll!(8, |j| _mm256_add_ps(acc[j], _mm256_mul_ps(qv, ld(&r[j][c..c + 8]))));
-                c += 8;
-            }
-            for j in 0..8 {
-                let mut tail = 0.0f32;
-                for c in full..n {
-                    tail += q[c] * r[j][c];
-                }
-                out[p + j] = hsum(acc[j]) + tail;
-            }
-            p += 8;
-        }
-        if p == out.len() {
-            return;
-        }
-        let (rows, out) = (&rows[p * stride..], &mut out[p..]);
         f32_rows4!(q, rows, stride, out, |r, full| {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut c = 0;
