@@ -10,6 +10,7 @@
 //!   and the matrix multiply;
 //! * `tokenizer`: byte-level and SentencePiece BPE;
 //! * `model`: configuration, weights, KV cache and the one forward pass;
+//! * `grammar`: constrained decoding (JSON Schema, GBNF) as token masks;
 //! * `sampler`, `generate`: picking tokens, and the one generation loop
 //!   (prompt in batches, decoding, stop tokens, UTF-8 text);
 //! * `chat`: chat templates;
@@ -21,6 +22,7 @@ pub mod format;
 #[doc(hidden)]
 pub mod fuzz_entry;
 pub mod generate;
+pub mod grammar;
 pub mod import;
 pub mod kernels;
 pub mod model;

@@ -135,7 +135,9 @@ impl Sampler {
             return Distribution::Greedy(argmax(&logits));
         }
         // Candidates sorted by logit (ties: lower id first), cut to top-k.
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        // (a token masked out by a grammar has a logit of −∞: never a candidate)
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().filter(|(_, &v)| v > f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
         let k = if c.top_k == 0 { cand.len() } else { c.top_k.min(cand.len()) };
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -16,6 +16,11 @@ impl Rng {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 
+    /// Uniform in [0, n) (n > 0; the modulo bias is immaterial for tests).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
     pub fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.f32()).collect()
     }

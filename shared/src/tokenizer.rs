@@ -14,7 +14,7 @@
 //! matching (`added`) and the file reader (`crate::format::mlt`) are hand-written and dependency-free.
 
 mod added;
-mod bpe;
+pub(crate) mod bpe;
 mod pretok;
 
 use crate::format::mlt::{self, ModelKind, RawTokenizer};
@@ -223,7 +223,7 @@ impl Tokenizer {
     }
 
     /// Strip the prefix space added at encode time (SentencePiece `Strip` decoder).
-    fn strips_leading_space(&self) -> bool {
+    pub fn strips_leading_space(&self) -> bool {
         self.kind == ModelKind::SentencePiece && self.flag(mlt::FLAG_PREFIX_SPACE)
     }
 
@@ -250,6 +250,12 @@ impl Tokenizer {
             return piece[1..].to_vec();
         }
         piece.to_vec()
+    }
+
+    /// The bytes token `id` decodes to after another token (empty outside
+    /// the vocabulary).
+    pub fn piece(&self, id: u32) -> &[u8] {
+        self.pieces.get(id as usize).map_or(&[][..], |p| &p[..])
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -1,0 +1,347 @@
+//! Constrained decoding: output that must match a grammar.
+//!
+//! * `Grammar` (this file): a context-free grammar over bytes, made with a
+//!   `Builder`; characters are UTF-8 byte sequences (`Builder::chars`), so
+//!   matching never decodes text;
+//! * `schema`: a JSON Schema (or "any JSON object") compiled to a grammar;
+//! * `pattern`: the regular-expression subset of a schema's `pattern`;
+//! * `gbnf`: llama.cpp's GBNF grammar text compiled to a grammar;
+//! * `matcher`: the grammar's parse stacks after some bytes, and one byte
+//!   more;
+//! * `vocab`: the vocabulary as sorted byte strings, and `Constraint`: which
+//!   tokens can continue the output (the mask the sampler applies), per
+//!   generated token.
+//!
+//! A grammar is compiled once per request; the vocabulary's sorted list
+//! once per tokenizer.
+
+pub mod gbnf;
+mod matcher;
+mod pattern;
+pub mod schema;
+mod vocab;
+
+pub use vocab::{allowed, Constrained, Constraint, Vocab};
+
+/// A rule's index in `Grammar::alts`.
+pub type RuleId = u32;
+
+/// One symbol of an alternative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sym {
+    /// One byte in `lo..=hi`.
+    Bytes(u8, u8),
+    /// Any alternative of the rule.
+    Rule(RuleId),
+    /// The end of an alternative.
+    End,
+}
+
+/// Rules made of alternatives, each a sequence of symbols; the output must
+/// be one whole match of `root`.
+#[derive(Debug)]
+pub struct Grammar {
+    /// Every alternative's symbols, each followed by `End`.
+    syms: Vec<Sym>,
+    /// Per rule, where its alternatives start in `syms`.
+    alts: Vec<Vec<u32>>,
+    root: RuleId,
+}
+
+/// The most rules a grammar may have (a bound on what one request can make
+/// the server build: repetition counts are expanded into rules).
+pub const MAX_RULES: usize = 20_000;
+
+/// Builds a grammar rule by rule; rules may refer to rules defined later.
+#[derive(Default)]
+pub struct Builder {
+    rules: Vec<Option<Vec<Vec<Sym>>>>,
+}
+
+impl Builder {
+    /// A new rule, to be defined later (for recursion).
+    pub fn declare(&mut self) -> Result<RuleId, String> {
+        if self.rules.len() >= MAX_RULES {
+            return Err(format!("the grammar needs more than {MAX_RULES} rules"));
+        }
+        self.rules.push(None);
+        Ok((self.rules.len() - 1) as RuleId)
+    }
+
+    pub fn define(&mut self, id: RuleId, alts: Vec<Vec<Sym>>) {
+        self.rules[id as usize] = Some(alts);
+    }
+
+    /// A rule with these alternatives.
+    pub fn rule(&mut self, alts: Vec<Vec<Sym>>) -> Result<RuleId, String> {
+        let id = self.declare()?;
+        self.define(id, alts);
+        Ok(id)
+    }
+
+    /// `Sym::Rule` of a new rule with these alternatives.
+    pub fn alt(&mut self, alts: Vec<Vec<Sym>>) -> Result<Sym, String> {
+        Ok(Sym::Rule(self.rule(alts)?))
+    }
+
+    /// `seq` zero or one time.
+    pub fn optional(&mut self, seq: Vec<Sym>) -> Result<Sym, String> {
+        self.alt(vec![seq, vec![]])
+    }
+
+    /// `seq` any number of times (a right-recursive rule).
+    pub fn star(&mut self, seq: Vec<Sym>) -> Result<Sym, String> {
+        let id = self.declare()?;
+        let mut again = seq;
+        again.push(Sym::Rule(id));
+        self.define(id, vec![again, vec![]]);
+        Ok(Sym::Rule(id))
+    }
+
+    /// `seq` from `min` to `max` times (`None`: no upper bound), with
+    /// `sep` between two of them.
+    pub fn repeat(&mut self, seq: &[Sym], sep: &[Sym], min: usize, max: Option<usize>) -> Result<Vec<Sym>, String> {
+        if max.is_some_and(|m| m < min) {
+            return Err(format!("a repetition of at least {min} and at most {} times", max.unwrap_or(0)));
+        }
+        let cat = |a: &[Sym], b: &[Sym]| [a, b].concat();
+        // after the first: (sep seq) up to `left` more times, nested so that
+        // each is only reachable after the one before
+        let more = |b: &mut Builder, left: Option<usize>| -> Result<Vec<Sym>, String> {
+            match left {
+                None => Ok(vec![b.star(cat(sep, seq))?]),
+                Some(n) => {
+                    let mut tail: Vec<Sym> = Vec::new();
+                    for _ in 0..n {
+                        let mut s = cat(sep, seq);
+                        s.extend(tail);
+                        tail = vec![b.optional(s)?];
+                    }
+                    Ok(tail)
+                }
+            }
+        };
+        if min == 0 {
+            if max == Some(0) {
+                return Ok(Vec::new());
+            }
+            let mut first = seq.to_vec();
+            first.extend(more(self, max.map(|m| m - 1))?);
+            return Ok(vec![self.optional(first)?]);
+        }
+        let mut out = seq.to_vec();
+        for _ in 1..min {
+            out.extend_from_slice(sep);
+            out.extend_from_slice(seq);
+            if out.len() > 64 * MAX_RULES {
+                return Err(format!("a repetition of {min} times is too long"));
+            }
+        }
+        out.extend(more(self, max.map(|m| m - min))?);
+        Ok(out)
+    }
+
+    /// One UTF-8 character in one of `ranges` (scalar values, inclusive);
+    /// with `negate`, one character in none of them.
+    pub fn chars(&mut self, ranges: &[(u32, u32)], negate: bool) -> Result<Sym, String> {
+        let mut set: Vec<(u32, u32)> = ranges.iter().map(|&(a, b)| (a.min(b), a.max(b).min(0x10_ffff))).collect();
+        set.sort_unstable();
+        let mut merged: Vec<(u32, u32)> = Vec::new();
+        for (a, b) in set {
+            match merged.last_mut() {
+                Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        if negate {
+            let mut complement = Vec::new();
+            let mut next = 0u32;
+            for &(a, b) in &merged {
+                if a > next {
+                    complement.push((next, a - 1));
+                }
+                next = b + 1;
+            }
+            if next <= 0x10_ffff {
+                complement.push((next, 0x10_ffff));
+            }
+            merged = complement;
+        }
+        let mut alts = Vec::new();
+        for (a, b) in merged {
+            utf8_sequences(a, b, &mut alts);
+        }
+        if alts.len() == 1 && alts[0].len() == 1 {
+            return Ok(alts[0][0]);
+        }
+        self.alt(alts)
+    }
+
+    /// The grammar whose output is one match of `root`: every rule must be
+    /// defined, and none may reach itself before reading a byte (the
+    /// matcher expands rules eagerly, so left recursion would not end).
+    pub fn finish(self, root: RuleId) -> Result<Grammar, String> {
+        let mut syms = Vec::new();
+        let mut alts = Vec::with_capacity(self.rules.len());
+        for (id, rule) in self.rules.into_iter().enumerate() {
+            let rule = rule.ok_or_else(|| format!("rule {id} is used but never defined"))?;
+            let mut starts = Vec::with_capacity(rule.len());
+            for alt in rule {
+                starts.push(syms.len() as u32);
+                syms.extend(alt);
+                syms.push(Sym::End);
+            }
+            alts.push(starts);
+        }
+        if syms.len() > u32::MAX as usize / 2 {
+            return Err("the grammar is too large".into());
+        }
+        let grammar = Grammar { syms, alts, root };
+        grammar.check_left_recursion()?;
+        Ok(grammar)
+    }
+}
+
+impl Grammar {
+    /// The rules that can match no bytes.
+    fn nullable(&self) -> Vec<bool> {
+        let mut nullable = vec![false; self.alts.len()];
+        loop {
+            let mut changed = false;
+            for (r, starts) in self.alts.iter().enumerate() {
+                if nullable[r] {
+                    continue;
+                }
+                let empty_alt = starts.iter().any(|&s| {
+                    self.syms[s as usize..].iter().take_while(|&&x| x != Sym::End).all(|x| match x {
+                        Sym::Rule(q) => nullable[*q as usize],
+                        _ => false,
+                    })
+                });
+                if empty_alt {
+                    nullable[r] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                return nullable;
+            }
+        }
+    }
+
+    fn check_left_recursion(&self) -> Result<(), String> {
+        let nullable = self.nullable();
+        // rules each rule can expand to before reading a byte
+        let first: Vec<Vec<RuleId>> = self
+            .alts
+            .iter()
+            .map(|starts| {
+                let mut out = Vec::new();
+                for &s in starts {
+                    for x in &self.syms[s as usize..] {
+                        match *x {
+                            Sym::Rule(q) => {
+                                out.push(q);
+                                if !nullable[q as usize] {
+                                    break;
+                                }
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+                out
+            })
+            .collect();
+        // depth-first search for a cycle: 0 new, 1 on the path, 2 done
+        let mut mark = vec![0u8; self.alts.len()];
+        for start in 0..self.alts.len() {
+            if mark[start] != 0 {
+                continue;
+            }
+            let mut path: Vec<(usize, usize)> = vec![(start, 0)];
+            mark[start] = 1;
+            while let Some((r, i)) = path.last_mut() {
+                let r = *r;
+                if let Some(&q) = first[r].get(*i) {
+                    *i += 1;
+                    match mark[q as usize] {
+                        0 => {
+                            mark[q as usize] = 1;
+                            path.push((q as usize, 0));
+                        }
+                        1 => {
+                            return Err(format!(
+                                "rule {q} is left-recursive (it can reach itself before reading a character)"
+                            ))
+                        }
+                        _ => {}
+                    }
+                } else {
+                    mark[r] = 2;
+                    path.pop();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The UTF-8 encodings of the scalar values `lo..=hi` (surrogates left
+/// out) as sequences of byte ranges, appended to `out`.
+fn utf8_sequences(lo: u32, hi: u32, out: &mut Vec<Vec<Sym>>) {
+    if lo > hi {
+        return;
+    }
+    if lo <= 0xdfff && hi >= 0xd800 {
+        if lo < 0xd800 {
+            utf8_sequences(lo, 0xd7ff, out);
+        }
+        if hi > 0xdfff {
+            utf8_sequences(0xe000, hi, out);
+        }
+        return;
+    }
+    // one encoded length at a time
+    for limit in [0x7f, 0x7ff, 0xffff] {
+        if lo <= limit && hi > limit {
+            utf8_sequences(lo, limit, out);
+            utf8_sequences(limit + 1, hi, out);
+            return;
+        }
+    }
+    if hi <= 0x7f {
+        out.push(vec![Sym::Bytes(lo as u8, hi as u8)]);
+        return;
+    }
+    // split until every continuation byte but the first differing one spans its whole range
+    let len = if hi <= 0x7ff {
+        2
+    } else if hi <= 0xffff {
+        3
+    } else {
+        4
+    };
+    for i in 1..len {
+        let m = (1u32 << (6 * i)) - 1;
+        if lo & !m != hi & !m {
+            if lo & m != 0 {
+                utf8_sequences(lo, lo | m, out);
+                utf8_sequences((lo | m) + 1, hi, out);
+                return;
+            }
+            if hi & m != m {
+                utf8_sequences(lo, (hi & !m) - 1, out);
+                utf8_sequences(hi & !m, hi, out);
+                return;
+            }
+        }
+    }
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    let a = char::from_u32(lo).expect("not a surrogate").encode_utf8(&mut a).as_bytes().to_vec();
+    let b = char::from_u32(hi).expect("not a surrogate").encode_utf8(&mut b).as_bytes().to_vec();
+    out.push(a.iter().zip(&b).map(|(&x, &y)| Sym::Bytes(x, y)).collect());
+}
+
+#[cfg(test)]
+mod tests;

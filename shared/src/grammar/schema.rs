@@ -1,0 +1,478 @@
+//! A JSON Schema compiled to a grammar whose every match parses as JSON and
+//! validates against the schema.
+//!
+//! The subset: `type` (one or a list), `properties`, `required`,
+//! `additionalProperties`, `items`, `enum`, `const`, `anyOf`, `allOf` with
+//! one schema, `minItems` / `maxItems`, `minLength` / `maxLength`, string
+//! `pattern` (`pattern.rs`), `$ref` to `#`, `#/$defs/…` or
+//! `#/definitions/…`. Annotations (`title`, `description`, `default`,
+//! `examples`, …) are ignored; any other keyword is refused, named with
+//! where it is, so that a schema is never half applied.
+//!
+//! The output is compact JSON with at most one space after `:` and `,`
+//! (small models otherwise pad with whitespace); object properties come in
+//! the schema's order, each one in `required` always, the others
+//! optionally; properties beyond the declared ones only where
+//! `additionalProperties` allows them (a schema with no `properties` takes
+//! any object). Numbers have at most 16 digits before and after the point
+//! and 3 in the exponent, so that a model cannot run on forever inside one.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use super::pattern;
+use super::{Builder, Grammar, RuleId, Sym};
+
+/// Keywords that say nothing about which values are valid.
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+    "strict",
+];
+
+/// Nesting deeper than this is refused (the compiler recurses per level).
+const MAX_DEPTH: usize = 64;
+
+/// The grammar of a JSON value valid against `schema`.
+pub fn compile(schema: &Value) -> Result<Grammar, String> {
+    let mut c = Compiler::new(schema);
+    let root = c.rule_for(schema, "#", 0)?;
+    c.finish_refs()?;
+    c.b.finish(root)
+}
+
+/// The grammar of any JSON object (`response_format: json_object`).
+pub fn any_object() -> Result<Grammar, String> {
+    let mut c = Compiler::new(&Value::Null);
+    let root = c.any_object()?;
+    c.b.finish(root)
+}
+
+struct Compiler<'s> {
+    b: Builder,
+    root: &'s Value,
+    /// `$ref` targets: rule per reference, and the ones still to compile.
+    refs: HashMap<String, RuleId>,
+    pending: Vec<(String, RuleId)>,
+    /// Rules made once: string, number, integer, any value, optional space.
+    shared: HashMap<&'static str, RuleId>,
+}
+
+fn lit(s: &str) -> Vec<Sym> {
+    s.bytes().map(|b| Sym::Bytes(b, b)).collect()
+}
+
+impl<'s> Compiler<'s> {
+    fn new(root: &'s Value) -> Compiler<'s> {
+        Compiler { b: Builder::default(), root, refs: HashMap::new(), pending: Vec::new(), shared: HashMap::new() }
+    }
+
+    /// A rule made once per grammar.
+    fn shared(
+        &mut self,
+        name: &'static str,
+        make: fn(&mut Compiler) -> Result<Vec<Vec<Sym>>, String>,
+    ) -> Result<Sym, String> {
+        if let Some(&id) = self.shared.get(name) {
+            return Ok(Sym::Rule(id));
+        }
+        let id = self.b.declare()?;
+        self.shared.insert(name, id);
+        let alts = make(self)?;
+        self.b.define(id, alts);
+        Ok(Sym::Rule(id))
+    }
+
+    /// `:` or `,` and at most one space.
+    fn punct(&mut self, p: &str) -> Result<Vec<Sym>, String> {
+        let space = self.shared("space", |_| Ok(vec![lit(" "), vec![]]))?;
+        let mut s = lit(p);
+        s.push(space);
+        Ok(s)
+    }
+
+    /// One character of a JSON string's content, escapes included.
+    fn string_char(&mut self) -> Result<Sym, String> {
+        self.shared("string_char", |c| {
+            let plain = c.b.chars(&[(0, 0x1f), ('"' as u32, '"' as u32), ('\\' as u32, '\\' as u32)], true)?;
+            let escaped = c.b.chars(
+                &[
+                    ('"' as u32, '"' as u32),
+                    ('\\' as u32, '\\' as u32),
+                    ('/' as u32, '/' as u32),
+                    ('b' as u32, 'b' as u32),
+                    ('f' as u32, 'f' as u32),
+                    ('n' as u32, 'n' as u32),
+                    ('r' as u32, 'r' as u32),
+                    ('t' as u32, 't' as u32),
+                ],
+                false,
+            )?;
+            let hex =
+                c.b.chars(&[('0' as u32, '9' as u32), ('a' as u32, 'f' as u32), ('A' as u32, 'F' as u32)], false)?;
+            Ok(vec![
+                vec![plain],
+                vec![Sym::Bytes(b'\\', b'\\'), escaped],
+                vec![Sym::Bytes(b'\\', b'\\'), Sym::Bytes(b'u', b'u'), hex, hex, hex, hex],
+            ])
+        })
+    }
+
+    fn string(&mut self) -> Result<Sym, String> {
+        self.shared("string", |c| {
+            let ch = c.string_char()?;
+            let body = c.b.star(vec![ch])?;
+            Ok(vec![vec![Sym::Bytes(b'"', b'"'), body, Sym::Bytes(b'"', b'"')]])
+        })
+    }
+
+    fn digits(&mut self) -> Sym {
+        Sym::Bytes(b'0', b'9')
+    }
+
+    fn integer(&mut self) -> Result<Sym, String> {
+        self.shared("integer", |c| {
+            let d = c.digits();
+            let minus = c.b.optional(lit("-"))?;
+            let rest = c.b.repeat(&[d], &[], 0, Some(15))?;
+            let mut nonzero = vec![Sym::Bytes(b'1', b'9')];
+            nonzero.extend(rest);
+            let magnitude = c.b.alt(vec![lit("0"), nonzero])?;
+            Ok(vec![vec![minus, magnitude]])
+        })
+    }
+
+    fn number(&mut self) -> Result<Sym, String> {
+        self.shared("number", |c| {
+            let d = c.digits();
+            let int = c.integer()?;
+            let mut frac = lit(".");
+            frac.extend(c.b.repeat(&[d], &[], 1, Some(16))?);
+            let frac = c.b.optional(frac)?;
+            let sign = c.b.optional(vec![Sym::Bytes(b'+', b'+')])?;
+            let sign = c.b.alt(vec![vec![sign], lit("-")])?;
+            let e = c.b.chars(&[('e' as u32, 'e' as u32), ('E' as u32, 'E' as u32)], false)?;
+            let mut exp = vec![e, sign];
+            exp.extend(c.b.repeat(&[d], &[], 1, Some(3))?);
+            let exp = c.b.optional(exp)?;
+            Ok(vec![vec![int, frac, exp]])
+        })
+    }
+
+    /// Any JSON value.
+    fn any_value(&mut self) -> Result<Sym, String> {
+        self.shared("value", |c| {
+            let object = Sym::Rule(c.any_object()?);
+            let value = Sym::Rule(c.shared["value"]);
+            let comma = c.punct(",")?;
+            let items = c.b.repeat(&[value], &comma, 0, None)?;
+            let mut array = lit("[");
+            array.extend(items);
+            array.extend(lit("]"));
+            let (string, number) = (c.string()?, c.number()?);
+            Ok(vec![vec![object], array, vec![string], vec![number], lit("true"), lit("false"), lit("null")])
+        })
+    }
+
+    /// Any JSON object.
+    fn any_object(&mut self) -> Result<RuleId, String> {
+        let sym = self.shared("object", |c| {
+            let mut member = vec![c.string()?];
+            member.extend(c.punct(":")?);
+            member.push(c.any_value()?);
+            let comma = c.punct(",")?;
+            let members = c.b.repeat(&member, &comma, 0, None)?;
+            let mut object = lit("{");
+            object.extend(members);
+            object.extend(lit("}"));
+            Ok(vec![object])
+        })?;
+        match sym {
+            Sym::Rule(id) => Ok(id),
+            _ => unreachable!("shared rules are rules"),
+        }
+    }
+
+    /// A rule for `schema` (found at `path`, for messages).
+    fn rule_for(&mut self, schema: &Value, path: &str, depth: usize) -> Result<RuleId, String> {
+        let alts = self.alternatives(schema, path, depth)?;
+        self.b.rule(alts)
+    }
+
+    /// The alternatives matching the values valid against `schema`.
+    fn alternatives(&mut self, schema: &Value, path: &str, depth: usize) -> Result<Vec<Vec<Sym>>, String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("the schema nests deeper than {MAX_DEPTH} levels at {path}"));
+        }
+        let obj = match schema {
+            Value::Bool(true) => return Ok(vec![vec![self.any_value()?]]),
+            Value::Bool(false) => return Err(format!("{path} is `false`: no value is valid")),
+            Value::Object(o) => o,
+            _ => return Err(format!("{path} is not a schema (an object or a boolean)")),
+        };
+        let keys: Vec<&str> = obj.keys().map(|k| k.as_str()).filter(|k| !ANNOTATIONS.contains(k)).collect();
+        let only = |allowed: &[&str]| -> Result<(), String> {
+            match keys.iter().find(|k| !allowed.contains(k)) {
+                Some(k) => Err(format!("unsupported JSON Schema keyword '{k}' at {path}")),
+                None => Ok(()),
+            }
+        };
+        if let Some(r) = obj.get("$ref") {
+            only(&["$ref"]).map_err(|e| format!("{e} (beside '$ref')"))?;
+            let r = r.as_str().ok_or_else(|| format!("'$ref' at {path} is not a string"))?;
+            return Ok(vec![vec![Sym::Rule(self.reference(r, path)?)]]);
+        }
+        for key in ["anyOf", "allOf"] {
+            if let Some(list) = obj.get(key) {
+                only(&[key]).map_err(|e| format!("{e} (beside '{key}')"))?;
+                let list = list
+                    .as_array()
+                    .filter(|l| !l.is_empty())
+                    .ok_or_else(|| format!("'{key}' at {path} is not a non-empty list"))?;
+                if key == "allOf" && list.len() > 1 {
+                    return Err(format!("unsupported JSON Schema keyword 'allOf' with more than one schema at {path}"));
+                }
+                let mut alts = Vec::new();
+                for (i, s) in list.iter().enumerate() {
+                    alts.push(vec![Sym::Rule(self.rule_for(s, &format!("{path}/{key}/{i}"), depth + 1)?)]);
+                }
+                return Ok(alts);
+            }
+        }
+        if let Some(v) = obj.get("const") {
+            only(&["const", "type"])?;
+            return Ok(vec![lit(&v.to_string())]);
+        }
+        if let Some(list) = obj.get("enum") {
+            only(&["enum", "type"])?;
+            let list = list
+                .as_array()
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| format!("'enum' at {path} is not a non-empty list"))?;
+            return Ok(list.iter().map(|v| lit(&v.to_string())).collect());
+        }
+        let types: Vec<&str> = match obj.get("type") {
+            None => {
+                if obj.contains_key("properties")
+                    || obj.contains_key("additionalProperties")
+                    || obj.contains_key("required")
+                {
+                    vec!["object"]
+                } else if obj.contains_key("items") || obj.contains_key("minItems") || obj.contains_key("maxItems") {
+                    vec!["array"]
+                } else if obj.contains_key("pattern") || obj.contains_key("minLength") || obj.contains_key("maxLength")
+                {
+                    vec!["string"]
+                } else {
+                    only(&[])?;
+                    return Ok(vec![vec![self.any_value()?]]);
+                }
+            }
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) if !ts.is_empty() => ts
+                .iter()
+                .map(|t| t.as_str().ok_or_else(|| format!("'type' at {path} lists a value that is not a string")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(format!("'type' at {path} is not a string or a non-empty list of strings")),
+        };
+        let mut used: Vec<&str> = vec!["type"];
+        let mut alts = Vec::new();
+        for t in types {
+            let (alt, keywords): (Vec<Sym>, &[&str]) = match t {
+                "object" => (self.object(obj, path, depth)?, &["properties", "required", "additionalProperties"]),
+                "array" => (self.array(obj, path, depth)?, &["items", "minItems", "maxItems"]),
+                "string" => (self.string_schema(obj, path)?, &["pattern", "minLength", "maxLength"]),
+                "number" => (vec![self.number()?], &[]),
+                "integer" => (vec![self.integer()?], &[]),
+                "boolean" => (vec![self.b.alt(vec![lit("true"), lit("false")])?], &[]),
+                "null" => (lit("null"), &[]),
+                other => return Err(format!("unknown type '{}' at {path}", other.escape_debug())),
+            };
+            used.extend_from_slice(keywords);
+            alts.push(alt);
+        }
+        only(&used)?;
+        Ok(alts)
+    }
+
+    fn object(&mut self, obj: &Map<String, Value>, path: &str, depth: usize) -> Result<Vec<Sym>, String> {
+        let props = match obj.get("properties") {
+            None => None,
+            Some(Value::Object(p)) => Some(p),
+            Some(_) => return Err(format!("'properties' at {path} is not an object")),
+        };
+        let required: Vec<&str> = match obj.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(r)) => r
+                .iter()
+                .map(|k| k.as_str().ok_or_else(|| format!("'required' at {path} lists a value that is not a string")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(format!("'required' at {path} is not a list")),
+        };
+        let extra = match (obj.get("additionalProperties"), props) {
+            (None, None) | (Some(Value::Bool(true)), _) => Some(self.any_value()?),
+            (None | Some(Value::Bool(false)), _) => None,
+            (Some(s), _) => Some(Sym::Rule(self.rule_for(s, &format!("{path}/additionalProperties"), depth + 1)?)),
+        };
+        if let Some(k) = required.iter().find(|k| !props.is_some_and(|p| p.contains_key(**k))) {
+            return Err(format!(
+                "unsupported: 'required' at {path} names '{}', which is not among the properties",
+                k.escape_debug()
+            ));
+        }
+        // members from property i on, given whether one was written already
+        let comma = self.punct(",")?;
+        let colon = self.punct(":")?;
+        let members: Vec<(Vec<Sym>, bool)> = match props {
+            None => Vec::new(),
+            Some(p) => {
+                let mut out = Vec::new();
+                for (name, s) in p {
+                    let mut m = lit(&Value::String(name.clone()).to_string());
+                    m.extend_from_slice(&colon);
+                    let at = format!("{path}/properties/{}", name.escape_debug());
+                    m.push(Sym::Rule(self.rule_for(s, &at, depth + 1)?));
+                    out.push((m, required.contains(&name.as_str())));
+                }
+                out
+            }
+        };
+        // tail[first]: the additional members (any number) after the declared ones
+        let tail = match extra {
+            None => [vec![], vec![]],
+            Some(value) => {
+                let mut m = vec![self.string()?];
+                m.extend_from_slice(&colon);
+                m.push(value);
+                let mut later_m = comma.clone();
+                later_m.extend_from_slice(&m);
+                let later = self.b.star(later_m)?;
+                let mut first_m = m;
+                first_m.push(later);
+                let first = self.b.optional(first_m)?;
+                [vec![first], vec![later]]
+            }
+        };
+        // rest[first] for the members from i on, built from the last one back
+        let mut rest: [Vec<Sym>; 2] = tail;
+        for (m, req) in members.into_iter().rev() {
+            let mut with = [m.clone(), [comma.clone(), m].concat()];
+            with[0].extend_from_slice(&rest[1]);
+            with[1].extend_from_slice(&rest[1]);
+            rest = if req {
+                [vec![self.b.alt(vec![with[0].clone()])?], vec![self.b.alt(vec![with[1].clone()])?]]
+            } else {
+                let first = self.b.alt(vec![with[0].clone(), rest[0].clone()])?;
+                let later = self.b.alt(vec![with[1].clone(), rest[1].clone()])?;
+                [vec![first], vec![later]]
+            };
+        }
+        let mut out = lit("{");
+        out.extend(rest[0].clone());
+        out.extend(lit("}"));
+        Ok(out)
+    }
+
+    fn array(&mut self, obj: &Map<String, Value>, path: &str, depth: usize) -> Result<Vec<Sym>, String> {
+        let item = match obj.get("items") {
+            None => self.any_value()?,
+            Some(Value::Array(_)) => {
+                return Err(format!("unsupported JSON Schema keyword 'items' as a list (a tuple) at {path}"))
+            }
+            Some(s) => Sym::Rule(self.rule_for(s, &format!("{path}/items"), depth + 1)?),
+        };
+        let min = count(obj, "minItems", path)?.unwrap_or(0);
+        let max = count(obj, "maxItems", path)?;
+        let comma = self.punct(",")?;
+        let mut out = lit("[");
+        out.extend(self.b.repeat(&[item], &comma, min, max)?);
+        out.extend(lit("]"));
+        Ok(out)
+    }
+
+    fn string_schema(&mut self, obj: &Map<String, Value>, path: &str) -> Result<Vec<Sym>, String> {
+        let min = count(obj, "minLength", path)?;
+        let max = count(obj, "maxLength", path)?;
+        let body = match obj.get("pattern") {
+            Some(p) => {
+                if min.is_some() || max.is_some() {
+                    return Err(format!("unsupported: 'pattern' together with 'minLength' or 'maxLength' at {path}"));
+                }
+                let p = p.as_str().ok_or_else(|| format!("'pattern' at {path} is not a string"))?;
+                pattern::compile(&mut self.b, p).map_err(|e| format!("'pattern' at {path}: {e}"))?
+            }
+            None if min.is_none() && max.is_none() => return Ok(vec![self.string()?]),
+            None => {
+                let ch = self.string_char()?;
+                self.b.repeat(&[ch], &[], min.unwrap_or(0), max)?
+            }
+        };
+        let mut out = lit("\"");
+        out.extend(body);
+        out.extend(lit("\""));
+        Ok(out)
+    }
+
+    /// The rule of a `$ref` target, compiled later (it may be recursive).
+    fn reference(&mut self, r: &str, path: &str) -> Result<RuleId, String> {
+        if let Some(&id) = self.refs.get(r) {
+            return Ok(id);
+        }
+        if resolve(self.root, r).is_none() {
+            return Err(format!(
+                "'$ref' at {path}: '{}' is not '#', '#/$defs/…' or '#/definitions/…' of this schema",
+                r.escape_debug()
+            ));
+        }
+        let id = self.b.declare()?;
+        self.refs.insert(r.to_string(), id);
+        self.pending.push((r.to_string(), id));
+        Ok(id)
+    }
+
+    fn finish_refs(&mut self) -> Result<(), String> {
+        while let Some((r, id)) = self.pending.pop() {
+            let target = resolve(self.root, &r).expect("checked when referenced");
+            let alts = self.alternatives(target, &r, 1)?;
+            self.b.define(id, alts);
+        }
+        Ok(())
+    }
+}
+
+/// `#`, `#/$defs/NAME` or `#/definitions/NAME` in `root`.
+fn resolve<'v>(root: &'v Value, r: &str) -> Option<&'v Value> {
+    if r == "#" {
+        return Some(root);
+    }
+    let rest = r.strip_prefix("#/")?;
+    let (section, name) = rest.split_once('/')?;
+    if section != "$defs" && section != "definitions" {
+        return None;
+    }
+    let name = name.replace("~1", "/").replace("~0", "~");
+    root.get(section)?.get(&name)
+}
+
+/// A non-negative integer keyword (`minItems`, `maxLength`, …).
+fn count(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<usize>, String> {
+    match obj.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 4096 => Ok(Some(n as usize)),
+            Some(_) => Err(format!("unsupported: '{key}' above 4096 at {path}")),
+            None => Err(format!("'{key}' at {path} is not a non-negative integer")),
+        },
+    }
+}

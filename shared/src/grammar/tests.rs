@@ -1,0 +1,211 @@
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::matcher::Matcher;
+use super::*;
+use crate::test_rng::Rng;
+
+/// Whether `text` is one whole match of `g`.
+fn matches(g: &Arc<Grammar>, text: &[u8]) -> bool {
+    let mut m = Matcher::new(Arc::clone(g));
+    let start = m.start();
+    m.advance_bytes(&start, text).accepting
+}
+
+fn schema(s: Value) -> Arc<Grammar> {
+    Arc::new(schema::compile(&s).unwrap_or_else(|e| panic!("{s}: {e}")))
+}
+
+#[test]
+fn utf8_classes_match_exactly_their_characters() {
+    let mut rng = Rng(7);
+    let sets: [&[(u32, u32)]; 4] =
+        [&[(0x41, 0x5a)], &[(0x80, 0x10ffff)], &[(0x7f, 0x801), (0xd000, 0xe100)], &[(0x1f600, 0x1f64f), (0x30, 0x39)]];
+    for set in sets {
+        for negate in [false, true] {
+            let mut b = Builder::default();
+            let c = b.chars(set, negate).unwrap();
+            let root = b.rule(vec![vec![c]]).unwrap();
+            let g = Arc::new(b.finish(root).unwrap());
+            let edges: Vec<u32> = set.iter().flat_map(|&(a, z)| [a.saturating_sub(1), a, z, z + 1]).collect();
+            let samples = (0..400)
+                .map(|_| rng.below(0x110000) as u32)
+                .chain(edges)
+                .chain([0, 0x7f, 0x80, 0x7ff, 0x800, 0xffff, 0x10000, 0x10ffff]);
+            for cp in samples {
+                let Some(ch) = char::from_u32(cp) else { continue };
+                let inside = set.iter().any(|&(a, z)| a <= cp && cp <= z) != negate;
+                let mut buf = [0u8; 4];
+                assert_eq!(
+                    matches(&g, ch.encode_utf8(&mut buf).as_bytes()),
+                    inside,
+                    "U+{cp:04X} in {set:x?} negate {negate}"
+                );
+            }
+            // never a lone continuation byte or a truncated sequence
+            assert!(!matches(&g, &[0x80]));
+            assert!(!matches(&g, &[0xe2, 0x82]));
+        }
+    }
+}
+
+#[test]
+fn schema_outputs_match_and_others_do_not() {
+    let g = schema(json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b\"c", 3]}, "minItems": 1, "maxItems": 2},
+            "ok": {"type": ["boolean", "null"]},
+            "nested": {"$ref": "#/$defs/point"}
+        },
+        "required": ["name", "tags"],
+        "additionalProperties": false,
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}}
+    }));
+    for good in [
+        r#"{"name":"Ann","tags":["a"]}"#,
+        r#"{"name": "Ann", "age": -12, "tags": ["b\"c", 3], "ok": null}"#,
+        r#"{"name":"\u00e9\n","tags":[3],"ok":true,"nested":{"x":1.5e-3}}"#,
+        r#"{"name":"日本","tags":["a"],"nested":{"x":0}}"#,
+    ] {
+        assert!(matches(&g, good.as_bytes()), "{good}");
+    }
+    for bad in [
+        r#"{"tags":["a"],"name":"Ann"}"#,         // order
+        r#"{"name":"Ann"}"#,                      // required
+        r#"{"name":"Ann","tags":[]}"#,            // minItems
+        r#"{"name":"Ann","tags":["a","a","a"]}"#, // maxItems
+        r#"{"name":"Ann","tags":["c"]}"#,         // enum
+        r#"{"name":"Ann","tags":["a"],"x":1}"#,   // additional
+        r#"{"name":"Ann","tags":["a"],"age":01}"#,
+        r#"{"name":"Ann","tags":["a"],"age":1.5}"#,
+        r#"{ "name":"Ann","tags":["a"]}"#,
+        r#"{"name":"Ann","tags":["a"]} "#,
+        "{\"name\":\"a\u{1}\",\"tags\":[\"a\"]}",
+        r#"{"name":"Ann","tags":["a"],"nested":{}}"#,
+    ] {
+        assert!(!matches(&g, bad.as_bytes()), "{bad}");
+    }
+}
+
+#[test]
+fn recursive_refs_any_json_and_string_bounds() {
+    let tree = schema(json!({
+        "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+        "$ref": "#/$defs/node"
+    }));
+    assert!(matches(&tree, br#"{"v":1,"kids":[{"v":2,"kids":[{"v":3}]},{"v":4}]}"#));
+    assert!(!matches(&tree, br#"{"v":1,"kids":[{"kids":[]}]}"#));
+    let any = Arc::new(schema::any_object().unwrap());
+    assert!(matches(&any, br#"{"a":[1,{"b":null},"x",true,-0.5E+10],"c":{}}"#));
+    assert!(!matches(&any, br#"[1]"#));
+    assert!(!matches(&any, br#"{"a":}"#));
+    let s = schema(json!({"type": "string", "minLength": 2, "maxLength": 3}));
+    assert!(matches(&s, br#""ab""#) && matches(&s, br#""a\"c""#) && matches(&s, "\"ééé\"".as_bytes()));
+    assert!(!matches(&s, br#""a""#) && !matches(&s, br#""abcd""#));
+    let p = schema(json!({"type": "string", "pattern": "^[A-Z]{2}-\\d{3}(x|yz)?$"}));
+    assert!(matches(&p, br#""AB-123""#) && matches(&p, br#""ZZ-000yz""#));
+    assert!(!matches(&p, br#""AB-12""#) && !matches(&p, br#""ab-123""#) && !matches(&p, br#""AB-123y""#));
+    let q = schema(json!({"type": "string", "pattern": "[\"\\\\]"}));
+    assert!(matches(&q, br#""a\"b""#) && matches(&q, br#""\\""#) && !matches(&q, br#""ab""#));
+}
+
+#[test]
+fn unsupported_and_bad_schemas_name_the_problem() {
+    for (s, want) in [
+        (json!({"type": "integer", "minimum": 0}), "'minimum' at #"),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}),
+            "'format' at #/properties/a",
+        ),
+        (json!({"oneOf": [{"type": "string"}]}), "'oneOf'"),
+        (json!({"type": "strin"}), "unknown type 'strin'"),
+        (json!({"$ref": "https://example.com/s.json"}), "'$ref'"),
+        (json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}), "'b'"),
+        (json!({"type": "array", "maxItems": 1, "minItems": 2}), "at least 2"),
+        (json!({"type": "string", "pattern": "(?=a)"}), "'(?'"),
+        (json!({"type": "string", "pattern": "a{5000}"}), "above 1000"),
+        (json!(7), "not a schema"),
+        (json!({"enum": []}), "'enum'"),
+    ] {
+        let e = schema::compile(&s).err().unwrap_or_else(|| panic!("{s} compiled"));
+        assert!(e.contains(want), "{s}: {e}");
+    }
+    let mut deep = json!({"type": "string"});
+    for _ in 0..100 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    assert!(schema::compile(&deep).unwrap_err().contains("deeper"));
+}
+
+#[test]
+fn gbnf_grammars_compile_and_match() {
+    let g = Arc::new(
+        gbnf::compile(
+            "# a list of moves\nroot ::= move (\", \" move){0,2} \"!\"?\nmove ::=\n  [a-h] [1-8] | \"O-O\" |\n  \"\\u00e9\" .\n",
+        )
+        .unwrap(),
+    );
+    assert!(matches(&g, b"e4") && matches(&g, b"e4, O-O, h8!") && matches(&g, "é😀".as_bytes()));
+    assert!(!matches(&g, b"e9") && !matches(&g, b"e4, e5, e6, e7") && !matches(&g, b"e4 "));
+    for (text, want) in [
+        ("root ::= foo", "'foo' is used but never defined"),
+        ("root ::= root \"a\" | \"b\"", "left-recursive"),
+        ("a ::= \"x\"", "no 'root'"),
+        ("root ::= \"a\nb\"", "line 1"),
+        ("root ::= \"a\"\nroot ::= \"b\"", "line 2: rule 'root' is defined twice"),
+        ("root ::= [z-a]", "backwards"),
+        ("root ::= \"a\"{3,1}", "below"),
+        ("root ::= (\"a\"", "not closed"),
+    ] {
+        let e = gbnf::compile(text).err().unwrap_or_else(|| panic!("{text:?} compiled"));
+        assert!(e.contains(want), "{text:?}: {e}");
+    }
+}
+
+/// A small vocabulary: every ASCII byte, some multi-byte pieces, a
+/// leading-space piece and an empty (control) one.
+fn toy_vocab(strip: bool) -> Arc<Vocab> {
+    let mut pieces: Vec<Box<[u8]>> = (0u8..128).map(|b| vec![b].into_boxed_slice()).collect();
+    for p in ["{\"", "\":", "\",\"", "name", " \"", "\"}", "true", "tr", "[1", "1,", "é", "\u{1F600}", " {"] {
+        pieces.push(p.as_bytes().into());
+    }
+    pieces.push(Box::default());
+    Arc::new(Vocab::from_pieces(pieces, strip))
+}
+
+#[test]
+fn masks_equal_checking_every_token() {
+    let g = schema(
+        json!({"type": "object", "properties": {"name": {"type": "string"}, "ok": {"type": "boolean"}, "n": {"type": "array", "items": {"type": "integer"}}}, "required": ["name"]}),
+    );
+    for strip in [false, true] {
+        let vocab = toy_vocab(strip);
+        let mut rng = Rng(11);
+        for _ in 0..30 {
+            let mut c = Constraint::new(Arc::clone(&g), Arc::clone(&vocab));
+            for _ in 0..40 {
+                if c.complete() {
+                    break;
+                }
+                let mask = c.mask();
+                let ids: Vec<u32> = (0..vocab.len() as u32).filter(|&id| allowed(&mask, id)).collect();
+                for id in 0..vocab.len() as u32 {
+                    assert_eq!(allowed(&mask, id), c.allows(id), "token {id}");
+                }
+                assert!(!ids.is_empty());
+                let id = ids[rng.below(ids.len())];
+                assert!(c.accept(id));
+            }
+        }
+    }
+    // the first token loses its leading space where the tokenizer strips it
+    let vocab = toy_vocab(true);
+    let mut c = Constraint::new(Arc::clone(&g), vocab);
+    assert!(c.allows(128 + 12)); // " {" as the first token is "{"
+    assert!(c.accept(128 + 12));
+    assert!(!c.allows(128 + 12));
+}
