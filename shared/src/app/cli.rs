@@ -5,7 +5,8 @@
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
@@ -16,6 +17,7 @@ use super::options::{startup_line, ModelFile, RunArgs};
 use super::speculation::SpecArgs;
 use super::stdout;
 use crate::generate::{DecodeParams, Generator, Token};
+use crate::grammar::{self, Constrained, Grammar, Vocab};
 use crate::model::LogitsFor;
 use crate::sampler::{self, SamplerConfig, SettingRange};
 use crate::tokenizer::Tokenizer;
@@ -85,6 +87,36 @@ pub struct Args {
     /// --perplexity: score at most this many chunks (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Constrain the output to JSON valid against a JSON Schema: a file, or
+    /// the schema itself when the text starts with `{`.
+    #[arg(long, value_name = "SCHEMA|FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<String>,
+    /// Constrain the output to a GBNF grammar (llama.cpp's format) in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+}
+
+/// The grammar of `--json-schema` or `--grammar`, compiled before the model
+/// loads so that a bad one costs nothing.
+fn output_grammar(args: &Args) -> Result<Option<Arc<Grammar>>, String> {
+    let read = |path: &Path, what: &str| {
+        std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read the {what}: {e}", path.display()))
+    };
+    if let Some(arg) = &args.json_schema {
+        let (text, name) = match arg.trim_start().starts_with('{') {
+            true => (arg.clone(), "--json-schema".to_string()),
+            false => (read(Path::new(arg), "JSON schema")?, arg.clone()),
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", name.escape_debug()))?;
+        let g = grammar::schema::compile(&value).map_err(|e| format!("{}: {e}", name.escape_debug()))?;
+        return Ok(Some(Arc::new(g)));
+    }
+    if let Some(path) = &args.grammar {
+        let g = grammar::gbnf::compile(&read(path, "grammar")?).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(Some(Arc::new(g)));
+    }
+    Ok(None)
 }
 
 /// The command-line parser of a sampling setting: the range the server
@@ -109,6 +141,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
         .collect();
     let Some(args) = super::parse_args::<Args>(argv)? else { return Ok(()) };
     let started = Instant::now();
+    let grammar = output_grammar(&args)?;
     let (file, tokenizer) = args.run.open(args.model.as_deref())?;
     let text = if is_chat(&args) { None } else { prompt_text(&args, tokenizer.as_ref())? };
     if args.tokenize {
@@ -118,7 +151,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     }
     let (pool, threads) = args.run.thread_pool()?;
     // Everything below runs on a pool thread, so parallel loops start inside the pool.
-    pool.install(|| run_model(&args, file, tokenizer, text, threads, started))
+    pool.install(|| run_model(&args, file, tokenizer, text, threads, started, grammar))
 }
 
 /// Whether this run is the interactive chat: no prompt given, no
@@ -159,6 +192,7 @@ fn run_model(
     text: Option<String>,
     threads: usize,
     started: Instant,
+    grammar: Option<Arc<Grammar>>,
 ) -> Result<(), String> {
     let (Some(model_path), Some(file)) = (args.model.as_ref(), file) else {
         return Err(
@@ -208,7 +242,7 @@ fn run_model(
         if let Some(line) = plan.describe() {
             eprintln!("krafla: {line}");
         }
-        let params = decode_params(args, tokenizer.as_ref());
+        let params = decode_params(args, tokenizer.as_ref(), grammar.clone())?;
         let speculator = plan.speculator(ctx)?;
         let generator = Generator::new(model, state, args.run.batch);
         return interactive::run(
@@ -261,7 +295,7 @@ fn run_model(
     }
 
     // ---- generation ----
-    let params = decode_params(args, tokenizer.as_ref());
+    let params = decode_params(args, tokenizer.as_ref(), grammar.clone())?;
     let text_out = if args.print_ids { None } else { tokenizer.as_ref() };
     let t1 = Instant::now();
     let last = logits[logits.len() - vocab..].to_vec();
@@ -293,12 +327,22 @@ fn run_model(
 }
 
 /// Sampling and stopping from the command line: `-n` (default 256), the
-/// sampler options, and the tokenizer's end-of-sequence and end-of-turn ids.
-fn decode_params(args: &Args, tokenizer: Option<&Tokenizer>) -> DecodeParams {
+/// sampler options, the tokenizer's end-of-sequence and end-of-turn ids,
+/// and the output's grammar.
+fn decode_params(
+    args: &Args,
+    tokenizer: Option<&Tokenizer>,
+    grammar: Option<Arc<Grammar>>,
+) -> Result<DecodeParams, String> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     });
-    DecodeParams {
+    let constrained = match (grammar, tokenizer) {
+        (None, _) => None,
+        (Some(grammar), Some(t)) => Some(Constrained { grammar, vocab: Arc::new(Vocab::new(t)) }),
+        (Some(_), None) => return Err("--json-schema and --grammar need a tokenizer (-z, or a GGUF model)".into()),
+    };
+    Ok(DecodeParams {
         max_tokens: args.n_predict.unwrap_or(256),
         sampler: SamplerConfig {
             temperature: args.temperature,
@@ -311,5 +355,6 @@ fn decode_params(args: &Args, tokenizer: Option<&Tokenizer>) -> DecodeParams {
         },
         stop_ids: tokenizer.map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect()),
         stop_strings: Vec::new(),
-    }
+        constrained,
+    })
 }

@@ -24,6 +24,7 @@ use std::time::Instant;
 pub use speculative::{Draft, DraftModel, Source, SpecStats, Speculator};
 pub use text::TextStream;
 
+use crate::grammar::{allowed, Constrained, Constraint};
 use crate::model::{LogitsFor, Model, Segment, State};
 use crate::sampler::{Distribution, Sampler, SamplerConfig};
 use crate::tokenizer::Tokenizer;
@@ -38,6 +39,10 @@ pub struct DecodeParams {
     pub stop_ids: Vec<u32>,
     /// Strings that end generation (cut from the text).
     pub stop_strings: Vec<String>,
+    /// A grammar the output must match (`--json-schema`, `--grammar`,
+    /// `response_format`): tokens that cannot continue it are never
+    /// sampled, and decoding stops when the output is complete.
+    pub constrained: Option<Constrained>,
 }
 
 /// Why decoding ended.
@@ -97,6 +102,7 @@ pub struct Decoding {
     tokens: Vec<u32>,
     max_tokens: usize,
     stop_ids: Vec<u32>,
+    constraint: Option<Constraint>,
 }
 
 impl Decoding {
@@ -109,6 +115,7 @@ impl Decoding {
             tokens: Vec::new(),
             max_tokens: params.max_tokens,
             stop_ids: params.stop_ids.clone(),
+            constraint: params.constrained.as_ref().map(|c| Constraint::new(c.grammar.clone(), c.vocab.clone())),
         }
     }
 
@@ -134,12 +141,25 @@ impl Decoding {
         }
         // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
         let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
+        let masked;
+        let logits = match self.constrained_logits(&logits[..n]) {
+            MaskedLogits::Unchanged => &logits[..n],
+            MaskedLogits::Masked(m) => {
+                masked = m;
+                &masked[..]
+            }
+            MaskedLogits::Nothing => return Next::End(Finish::Length),
+        };
         let id = match draft {
-            Some((guess, dist)) => self.sampler.sample_given_draft(&logits[..n], &self.history, guess, dist),
-            None => self.sampler.sample(&logits[..n], &self.history),
+            Some((guess, dist)) => self.sampler.sample_given_draft(logits, &self.history, guess, dist),
+            None => self.sampler.sample(logits, &self.history),
         };
         if self.stop_ids.contains(&id) {
             return Next::End(Finish::Stop);
+        }
+        if let Some(c) = &mut self.constraint {
+            let taken = c.accept(id);
+            debug_assert!(taken, "a masked token was sampled");
         }
         let prev = self.tokens.last().copied();
         self.tokens.push(id);
@@ -148,7 +168,8 @@ impl Decoding {
             Some(tok) => self.text.push(&tok.decode_piece(prev, id)),
             None => (String::new(), false),
         };
-        let finish = if hit_stop {
+        let complete = self.constraint.as_ref().is_some_and(|c| c.complete());
+        let finish = if hit_stop || complete {
             Some(Finish::Stop)
         } else if self.tokens.len() >= self.max_tokens || !room {
             Some(Finish::Length)
@@ -156,6 +177,40 @@ impl Decoding {
             None
         };
         Next::Token { id, text, finish }
+    }
+
+    /// The logits to sample from under the grammar: unchanged when there is
+    /// none, or when greedy sampling's choice may continue the output (the
+    /// argmax of the masked logits is then the same token); else with every
+    /// token that cannot continue it at −∞ (end-of-text ids only where the
+    /// output is a whole match).
+    fn constrained_logits(&mut self, logits: &[f32]) -> MaskedLogits {
+        let Some(c) = &mut self.constraint else { return MaskedLogits::Unchanged };
+        let stop_ok = c.accepting();
+        if self.sampler.config.temperature <= 0.0 {
+            let id = self.sampler.distribution(logits, &self.history).top();
+            let ok = if self.stop_ids.contains(&id) { stop_ok } else { c.allows(id) };
+            if ok {
+                return MaskedLogits::Unchanged;
+            }
+        }
+        let mask = c.mask();
+        let mut out = logits.to_vec();
+        let mut any = false;
+        for (id, v) in out.iter_mut().enumerate() {
+            let id = id as u32;
+            let ok = if self.stop_ids.contains(&id) { stop_ok } else { allowed(&mask, id) };
+            if ok {
+                any = true;
+            } else {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        if any {
+            MaskedLogits::Masked(out)
+        } else {
+            MaskedLogits::Nothing
+        }
     }
 
     /// Tokens still allowed after the ones sampled so far.
@@ -172,6 +227,14 @@ impl Decoding {
         let tail = if finish == Finish::Cancelled { String::new() } else { self.text.finish() };
         Decoded { finish, tokens: self.tokens, tail }
     }
+}
+
+/// The logits `Decoding` samples from under a grammar.
+enum MaskedLogits {
+    Unchanged,
+    Masked(Vec<f32>),
+    /// No token can continue the output.
+    Nothing,
 }
 
 /// One sequence's state and the ids whose keys and values it holds.
