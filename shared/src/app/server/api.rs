@@ -2,11 +2,14 @@
 //! (`serde_json::Value`, checked field by field so each error names the
 //! field), and the JSON of answers, stream chunks, usage and logprobs.
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use super::engine::{GenParams, TokenLogprob};
 use crate::chat::{Message, Role};
 use crate::generate::Finish;
+use crate::grammar::{self, Grammar};
 use crate::sampler::{SettingRange, MIN_P, REPEAT_PENALTY, TEMPERATURE, TOP_P};
 
 /// An error answer in OpenAI's shape.
@@ -126,7 +129,7 @@ fn beyond_64_bits(n: &serde_json::Number) -> bool {
     n.as_f64().is_some_and(|x| x.fract() == 0.0 && x.abs() >= TWO_63)
 }
 
-fn wrong_type(key: &str, want: &str, got: &Value) -> ApiError {
+pub(crate) fn wrong_type(key: &str, want: &str, got: &Value) -> ApiError {
     ApiError::field("invalid_type", key, format!("'{key}' must be {want}, not {}", type_name(got)))
 }
 
@@ -138,11 +141,29 @@ fn unsupported(key: &str, what: &str) -> ApiError {
     ApiError::field("unsupported_value", key, format!("'{key}': {what} is not supported by this server"))
 }
 
-/// Typed, range-checked access to the fields of a request object.
-struct Fields<'a>(&'a Map<String, Value>);
+/// 400 naming the fields of `obj` in none of the `known` lists (the first
+/// by name as the `param`).
+pub(crate) fn refuse_unknown(obj: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
+    let mut unknown: Vec<&str> =
+        obj.keys().map(|k| k.as_str()).filter(|k| !known.iter().any(|list| list.contains(k))).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort();
+    let names = unknown.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ");
+    Err(ApiError::field(
+        "unsupported_parameter",
+        unknown[0],
+        format!("unsupported field{} {names}", if unknown.len() > 1 { "s" } else { "" }),
+    ))
+}
+
+/// Typed, range-checked access to the fields of a request object (null
+/// counts as absent).
+pub(crate) struct Fields<'a>(pub &'a Map<String, Value>);
 
 impl Fields<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
@@ -173,7 +194,7 @@ impl Fields<'_> {
         }
     }
 
-    fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+    pub(crate) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -191,7 +212,7 @@ impl Fields<'_> {
 }
 
 /// Fields both endpoints accept.
-const COMMON_FIELDS: [&str; 20] = [
+const COMMON_FIELDS: [&str; 23] = [
     "model",
     "max_tokens",
     "temperature",
@@ -212,28 +233,20 @@ const COMMON_FIELDS: [&str; 20] = [
     "timeout",
     "speculative.n_max",
     "speculative.n_min",
+    "response_format",
+    "json_schema",
+    "grammar",
 ];
 /// The longest `timeout` a request may ask for: a day.
 const MAX_TIMEOUT: f64 = 86_400.0;
-const CHAT_FIELDS: [&str; 6] =
-    ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "store"];
+const CHAT_FIELDS: [&str; 5] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "store"];
 const COMPLETION_FIELDS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
 
 /// Validates a /v1/chat/completions (`chat`) or /v1/completions body.
 /// `seed` is used when the request gives none.
 pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<GenRequest, ApiError> {
     let own: &[&str] = if chat { &CHAT_FIELDS } else { &COMPLETION_FIELDS };
-    let mut unknown: Vec<&str> =
-        obj.keys().map(|k| k.as_str()).filter(|k| !COMMON_FIELDS.contains(k) && !own.contains(k)).collect();
-    if !unknown.is_empty() {
-        unknown.sort();
-        let names = unknown.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ");
-        return Err(ApiError::field(
-            "unsupported_parameter",
-            unknown[0],
-            format!("unsupported field{} {names}", if unknown.len() > 1 { "s" } else { "" }),
-        ));
-    }
+    refuse_unknown(obj, &[&COMMON_FIELDS, own])?;
     let f = Fields(obj);
     f.string("model")?;
     f.string("user")?;
@@ -271,6 +284,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         Some(v) => return Err(wrong_type("seed", "an integer", v)),
     };
     let stop = parse_stop(f.get("stop"))?;
+    let grammar = parse_output_grammar(&f)?;
     let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
     let draft_max = f.int("speculative.n_max", 0, 32)?.map(|n| n as usize);
     let draft_min = f.int("speculative.n_min", 0, 32)?.map(|n| n as usize);
@@ -316,14 +330,6 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         let mtc = f.int("max_completion_tokens", 1, i64::MAX)?;
         if mtc.is_some() {
             max_tokens = mtc;
-        }
-        match f.get("response_format") {
-            None => {}
-            Some(Value::Object(m)) if m.get("type").and_then(|t| t.as_str()) == Some("text") && m.len() == 1 => {}
-            Some(Value::Object(_)) => {
-                return Err(unsupported("response_format", "a response_format other than {\"type\": \"text\"}"))
-            }
-            Some(v) => return Err(wrong_type("response_format", "an object", v)),
         }
         f.boolean("store")?;
         let want = f.boolean("logprobs")?.unwrap_or(false);
@@ -373,6 +379,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         ignore_eos,
         timeout,
         draft_sizes: (draft_min, draft_max),
+        grammar,
     };
     Ok(GenRequest {
         chat,
@@ -382,6 +389,81 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         stream,
         include_usage,
     })
+}
+
+/// The grammar the output must match: OpenAI's `response_format`
+/// (`json_object`, `json_schema`), or llama.cpp's `json_schema` (a schema)
+/// and `grammar` (GBNF text) fields; at most one of them.
+fn parse_output_grammar(f: &Fields) -> Result<Option<Arc<Grammar>>, ApiError> {
+    let given: Vec<&str> =
+        ["response_format", "json_schema", "grammar"].into_iter().filter(|k| f.get(k).is_some()).collect();
+    if given.len() > 1 {
+        return Err(ApiError::field(
+            "invalid_value",
+            given[1],
+            format!("'{}' and '{}' cannot be given together", given[0], given[1]),
+        ));
+    }
+    let bad = |param: &str, e: String| ApiError::field("invalid_value", param, e);
+    let schema = |param: &str, v: &Value| -> Result<Option<Arc<Grammar>>, ApiError> {
+        grammar::schema::compile(v).map(|g| Some(Arc::new(g))).map_err(|e| bad(param, format!("'{param}': {e}")))
+    };
+    if let Some(v) = f.get("json_schema") {
+        return schema("json_schema", v);
+    }
+    if let Some(v) = f.get("grammar") {
+        let text = v.as_str().ok_or_else(|| wrong_type("grammar", "a string", v))?;
+        return grammar::gbnf::compile(text).map(|g| Some(Arc::new(g))).map_err(|e| bad("grammar", e));
+    }
+    let Some(v) = f.get("response_format") else { return Ok(None) };
+    let m = v.as_object().ok_or_else(|| wrong_type("response_format", "an object", v))?;
+    let kind = match m.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        Some(t) => return Err(wrong_type("response_format.type", "a string", t)),
+        None => {
+            return Err(ApiError::field(
+                "missing_parameter",
+                "response_format.type",
+                "'response_format.type' is required",
+            ))
+        }
+    };
+    match kind {
+        "text" => Ok(None),
+        // llama.cpp also takes a schema here
+        "json_object" => match m.get("schema") {
+            Some(v) => schema("response_format.schema", v),
+            None => grammar::schema::any_object().map(|g| Some(Arc::new(g))).map_err(|e| bad("response_format", e)),
+        },
+        "json_schema" => {
+            let js = match m.get("json_schema") {
+                Some(Value::Object(js)) => js,
+                Some(v) => return Err(wrong_type("response_format.json_schema", "an object", v)),
+                None => {
+                    return Err(ApiError::field(
+                        "missing_parameter",
+                        "response_format.json_schema",
+                        "'response_format.json_schema' is required",
+                    ))
+                }
+            };
+            match js.get("schema") {
+                Some(v) => schema("response_format.json_schema.schema", v),
+                None => Err(ApiError::field(
+                    "missing_parameter",
+                    "response_format.json_schema.schema",
+                    "'response_format.json_schema.schema' is required",
+                )),
+            }
+        }
+        other => Err(bad(
+            "response_format.type",
+            format!(
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema', not '{}'",
+                other.escape_debug()
+            ),
+        )),
+    }
 }
 
 fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {

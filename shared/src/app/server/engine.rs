@@ -26,6 +26,7 @@ use crate::generate::{
     forward_sequences, verify, DecodeParams, Decoding, Draft, Finish, Sequence, SpecStats, Speculator, TextStream,
     Token,
 };
+use crate::grammar::{Constrained, Grammar, Vocab};
 use crate::model::{LogitsFor, Model};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
@@ -51,6 +52,8 @@ pub struct GenParams {
     /// (llama.cpp's `speculative.n_min`, `speculative.n_max`); None: the
     /// server's `--draft-min`, `--draft-max`.
     pub draft_sizes: (Option<usize>, Option<usize>),
+    /// The grammar the output must match (`response_format`).
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// Log-probability of one generated token (natural log, from the raw logits).
@@ -186,6 +189,9 @@ pub struct Engine {
     /// Prompt tokens per step, over all slots.
     batch: usize,
     tokenizer: Arc<Tokenizer>,
+    /// The vocabulary as constrained decoding reads it, made at the first
+    /// request with a grammar.
+    grammar_vocab: Option<Arc<Vocab>>,
     stop_ids: Vec<u32>,
     metrics: Arc<Metrics>,
     /// The queue's count of accepted jobs: a job that ends leaves it.
@@ -214,7 +220,18 @@ impl Engine {
             .map(|seq| Slot { seq, speculator: speculators.next(), idle_since: 0, active: None })
             .collect();
         let accepted = Arc::new(AtomicUsize::new(0));
-        Engine { model, slots, batch, tokenizer, stop_ids, metrics, accepted, steps: 0, admitted: 0 }
+        Engine {
+            model,
+            slots,
+            batch,
+            tokenizer,
+            grammar_vocab: None,
+            stop_ids,
+            metrics,
+            accepted,
+            steps: 0,
+            admitted: 0,
+        }
     }
 
     /// Starts the worker on a thread of `pool` (so the forward pass's
@@ -401,6 +418,11 @@ impl Engine {
         let now = Instant::now();
         let ignore_eos = self.slots[part.slot].active.as_ref().is_some_and(|a| a.job.params.ignore_eos);
         let stop_ids = if ignore_eos { Vec::new() } else { self.stop_ids.clone() };
+        let wants_grammar = self.slots[part.slot].active.as_ref().is_some_and(|a| a.job.params.grammar.is_some());
+        if wants_grammar && self.grammar_vocab.is_none() {
+            self.grammar_vocab = Some(Arc::new(Vocab::new(&self.tokenizer)));
+        }
+        let grammar_vocab = self.grammar_vocab.clone();
         let (metrics, tokenizer) = (self.metrics.clone(), self.tokenizer.clone());
         let vocab = self.model.config.vocab_size;
         let slot = &mut self.slots[part.slot];
@@ -411,7 +433,7 @@ impl Engine {
             if part.want == LogitsFor::None {
                 return;
             }
-            a.decoding = Some(Decoding::new(&a.job.prompt, &decode_params(&a.job.params, stop_ids)));
+            a.decoding = Some(Decoding::new(&a.job.prompt, &decode_params(&a.job.params, stop_ids, grammar_vocab)));
             a.prompt_done = Some(now);
         }
         a.pending = None;
@@ -504,7 +526,7 @@ impl Engine {
     }
 }
 
-fn decode_params(params: &GenParams, stop_ids: Vec<u32>) -> DecodeParams {
+fn decode_params(params: &GenParams, stop_ids: Vec<u32>, vocab: Option<Arc<Vocab>>) -> DecodeParams {
     DecodeParams {
         max_tokens: params.max_tokens,
         sampler: SamplerConfig {
@@ -518,6 +540,7 @@ fn decode_params(params: &GenParams, stop_ids: Vec<u32>) -> DecodeParams {
         },
         stop_ids,
         stop_strings: params.stop.clone(),
+        constrained: params.grammar.clone().zip(vocab).map(|(grammar, vocab)| Constrained { grammar, vocab }),
     }
 }
 
