@@ -17,14 +17,16 @@
 //! Modules: `http` (socket I/O, limits, timeouts), `api` (OpenAI request
 //! validation and answer shapes), `engine` (the generation worker: the
 //! `--parallel` slots decoded in one batch), `serve` (one generation request
-//! from queue to answer), `metrics` (`/metrics`). Conversations are
-//! formatted by `crate::chat`.
+//! from queue to answer), `metrics` (`/metrics`), `tokens` (llama.cpp's
+//! `/tokenize` and `/detokenize`). Conversations are formatted by
+//! `crate::chat`.
 
 pub(crate) mod api;
 mod engine;
 pub(crate) mod http;
 mod metrics;
 mod serve;
+mod tokens;
 
 use std::ffi::OsString;
 use std::net::{TcpListener, TcpStream};
@@ -144,7 +146,10 @@ pub(crate) struct Server {
     pub queue: Queue,
     pub tokenizer: Arc<Tokenizer>,
     pub vocab_size: usize,
+    /// Positions in each slot's KV cache (`--ctx`).
     pub ctx: usize,
+    /// The context the model was trained for (its file's context length).
+    pub trained_ctx: usize,
     pub template: Option<Template>,
     pub system: Option<String>,
     pub model_id: String,
@@ -190,6 +195,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
     let model = pool.install(|| args.run.load_model(file, Some(&tokenizer)))?;
     let load_secs = started.elapsed().as_secs_f64();
     let vocab_size = model.config.vocab_size;
+    let trained_ctx = model.config.context_length;
     let ctx = args.run.ctx(&model)?;
     let first = args.run.state(&model, ctx)?;
     let slot_bytes = first.bytes();
@@ -217,6 +223,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
         tokenizer,
         vocab_size,
         ctx,
+        trained_ctx,
         template,
         system: args.run.system.clone(),
         model_id,
@@ -449,6 +456,10 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
     }
 }
 
+/// The paths answered by some method: any other method gets 405, not 404.
+const ENDPOINTS: [&str; 7] =
+    ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"];
+
 /// The answer to `method` (GET for a HEAD request, so that its head is GET's) on `req.path`.
 fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
     let path = req.path.trim_end_matches('/');
@@ -512,11 +523,10 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
             "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
         ));
     }
-    let model = || json!({"id": srv.model_id, "object": "model", "created": srv.created, "owned_by": "krafla"});
     match (method, path) {
-        ("GET", "/v1/models") => Answer::Send(Response::json(200, &json!({"object": "list", "data": [model()]}))),
+        ("GET", "/v1/models") => Answer::Send(Response::json(200, &json!({"object": "list", "data": [model(srv)]}))),
         ("GET", p) if p.strip_prefix("/v1/models/").is_some_and(|id| id == srv.model_id) => {
-            Answer::Send(Response::json(200, &model()))
+            Answer::Send(Response::json(200, &model(srv)))
         }
         ("GET", p) if p.starts_with("/v1/models/") => Answer::Fail(ApiError::new(
             404,
@@ -525,10 +535,35 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
         )),
         ("POST", "/v1/chat/completions") => Answer::Generate { chat: true },
         ("POST", "/v1/completions") => Answer::Generate { chat: false },
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+        ("POST", "/tokenize") => json_answer(tokens::tokenize(&srv.tokenizer, &req.body)),
+        ("POST", "/detokenize") => json_answer(tokens::detokenize(&srv.tokenizer, &req.body)),
+        (_, p) if ENDPOINTS.contains(&p) => {
             Answer::Fail(ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)))
         }
         _ => Answer::Fail(ApiError::new(404, "not_found", format!("no such endpoint: {method} {}", req.path))),
+    }
+}
+
+/// The model's entry in `/v1/models`: OpenAI's fields, then the context a
+/// request may fill (`context_length`, `--ctx`), the chat template's kind
+/// (null without one) and llama.cpp's `meta` figures.
+fn model(srv: &Server) -> serde_json::Value {
+    json!({
+        "id": srv.model_id,
+        "object": "model",
+        "created": srv.created,
+        "owned_by": "krafla",
+        "context_length": srv.ctx,
+        "chat_template": srv.template.map(Template::name),
+        "meta": {"n_ctx_train": srv.trained_ctx, "n_ctx": srv.ctx, "n_vocab": srv.tokenizer.vocab_size()},
+    })
+}
+
+/// A JSON answer (200), or the error.
+fn json_answer(result: Result<serde_json::Value, ApiError>) -> Answer {
+    match result {
+        Ok(body) => Answer::Send(Response::json(200, &body)),
+        Err(e) => Answer::Fail(e),
     }
 }
 
