@@ -110,9 +110,14 @@ impl Sampler {
     /// Picks the next token from `logits`; `history` feeds the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let dist = self.distribution(logits, history);
+        self.draw_from(&dist)
+    }
+
+    /// A token drawn from `dist` (greedy: its token).
+    pub fn draw_from(&mut self, dist: &Distribution) -> u32 {
         match dist {
-            Distribution::Greedy(id) => id,
-            Distribution::Weights(w) => self.draw(&w),
+            Distribution::Greedy(id) => *id,
+            Distribution::Weights(w) => self.draw(w),
         }
     }
 
@@ -195,11 +200,17 @@ impl Sampler {
         draft: u32,
         draft_dist: Option<&Distribution>,
     ) -> u32 {
-        let weights = match self.distribution(logits, history) {
-            Distribution::Greedy(id) => return id,
+        let dist = self.distribution(logits, history);
+        self.draw_given_draft(&dist, draft, draft_dist)
+    }
+
+    /// `sample_given_draft` from the target's distribution `dist`.
+    pub fn draw_given_draft(&mut self, dist: &Distribution, draft: u32, draft_dist: Option<&Distribution>) -> u32 {
+        let weights = match dist {
+            Distribution::Greedy(id) => return *id,
             Distribution::Weights(w) => w,
         };
-        let p = normalised(&weights);
+        let p = normalised(weights);
         let q: Vec<(u32, f64)> = match draft_dist {
             None | Some(Distribution::Greedy(_)) => vec![(draft, 1.0)],
             Some(Distribution::Weights(w)) => normalised(w),

@@ -141,25 +141,23 @@ impl Decoding {
         }
         // rows beyond the tokenizer (vocabulary padding) have no text: never sampled
         let n = tokenizer.map_or(logits.len(), |t| t.vocab_size().min(logits.len()));
-        let masked;
-        let logits = match self.constrained_logits(&logits[..n]) {
-            MaskedLogits::Unchanged => &logits[..n],
-            MaskedLogits::Masked(m) => {
-                masked = m;
-                &masked[..]
-            }
-            MaskedLogits::Nothing => return Next::End(Finish::Length),
+        let dist = match self.constraint.is_some() {
+            false => self.sampler.distribution(&logits[..n], &self.history),
+            true => match self.constrained_distribution(&logits[..n]) {
+                Some(d) => d,
+                None => return Next::End(Finish::Length),
+            },
         };
         let id = match draft {
-            Some((guess, dist)) => self.sampler.sample_given_draft(logits, &self.history, guess, dist),
-            None => self.sampler.sample(logits, &self.history),
+            Some((guess, draft_dist)) => self.sampler.draw_given_draft(&dist, guess, draft_dist),
+            None => self.sampler.draw_from(&dist),
         };
         if self.stop_ids.contains(&id) {
             return Next::End(Finish::Stop);
         }
         if let Some(c) = &mut self.constraint {
             let taken = c.accept(id);
-            debug_assert!(taken, "a masked token was sampled");
+            debug_assert!(taken, "a token the grammar refuses was sampled");
         }
         let prev = self.tokens.last().copied();
         self.tokens.push(id);
@@ -179,38 +177,49 @@ impl Decoding {
         Next::Token { id, text, finish }
     }
 
-    /// The logits to sample from under the grammar: unchanged when there is
-    /// none, or when greedy sampling's choice may continue the output (the
-    /// argmax of the masked logits is then the same token); else with every
-    /// token that cannot continue it at −∞ (end-of-text ids only where the
-    /// output is a whole match).
-    fn constrained_logits(&mut self, logits: &[f32]) -> MaskedLogits {
-        let Some(c) = &mut self.constraint else { return MaskedLogits::Unchanged };
+    /// The distribution to draw from under the grammar (None: no token can
+    /// continue the output). The sampler's filters (top-k, top-p, min-p)
+    /// pick the candidates from the model's distribution as without a
+    /// grammar, and the grammar keeps those that can continue the output
+    /// (greedy: the one; checked token by token, or by the mask when there
+    /// are many). Only when it keeps none are the logits masked first (every
+    /// token that cannot continue the output at −∞) and the filters applied
+    /// to what is left. End-of-text ids may follow only a whole match.
+    fn constrained_distribution(&mut self, logits: &[f32]) -> Option<Distribution> {
+        let c = self.constraint.as_mut().expect("constrained");
         let stop_ok = c.accepting();
-        if self.sampler.config.temperature <= 0.0 {
-            let id = self.sampler.distribution(logits, &self.history).top();
-            let ok = if self.stop_ids.contains(&id) { stop_ok } else { c.allows(id) };
-            if ok {
-                return MaskedLogits::Unchanged;
+        let stop_ids = &self.stop_ids;
+        let mut mask: Option<std::sync::Arc<Vec<u64>>> = None;
+        let mut ok = |c: &mut Constraint, id: u32, many: bool| {
+            if stop_ids.contains(&id) {
+                return stop_ok;
             }
+            if many {
+                return allowed(mask.get_or_insert_with(|| c.mask()), id);
+            }
+            c.allows(id)
+        };
+        match self.sampler.distribution(logits, &self.history) {
+            Distribution::Greedy(id) if ok(c, id, false) => return Some(Distribution::Greedy(id)),
+            Distribution::Weights(w) => {
+                let many = w.len() > CHECKED_ONE_BY_ONE;
+                let kept: Vec<(u32, f64)> = w.into_iter().filter(|&(id, _)| ok(c, id, many)).collect();
+                if !kept.is_empty() {
+                    return Some(Distribution::Weights(kept));
+                }
+            }
+            Distribution::Greedy(_) => {}
         }
-        let mask = c.mask();
-        let mut out = logits.to_vec();
+        let mut masked = logits.to_vec();
         let mut any = false;
-        for (id, v) in out.iter_mut().enumerate() {
-            let id = id as u32;
-            let ok = if self.stop_ids.contains(&id) { stop_ok } else { allowed(&mask, id) };
-            if ok {
+        for (id, v) in masked.iter_mut().enumerate() {
+            if ok(c, id as u32, true) {
                 any = true;
             } else {
                 *v = f32::NEG_INFINITY;
             }
         }
-        if any {
-            MaskedLogits::Masked(out)
-        } else {
-            MaskedLogits::Nothing
-        }
+        any.then(|| self.sampler.distribution(&masked, &self.history))
     }
 
     /// Tokens still allowed after the ones sampled so far.
@@ -229,13 +238,9 @@ impl Decoding {
     }
 }
 
-/// The logits `Decoding` samples from under a grammar.
-enum MaskedLogits {
-    Unchanged,
-    Masked(Vec<f32>),
-    /// No token can continue the output.
-    Nothing,
-}
+/// Candidates up to this many are checked against the grammar one by one;
+/// more, by the whole vocabulary's mask.
+const CHECKED_ONE_BY_ONE: usize = 64;
 
 /// One sequence's state and the ids whose keys and values it holds.
 pub struct Sequence {
