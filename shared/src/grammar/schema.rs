@@ -46,21 +46,34 @@ const MAX_DEPTH: usize = 64;
 
 /// The grammar of a JSON value valid against `schema`.
 pub fn compile(schema: &Value) -> Result<Grammar, String> {
-    let mut c = Compiler::new(schema);
-    let root = c.rule_for(schema, "#", 0)?;
-    c.finish_refs()?;
-    c.b.finish(root)
+    let mut b = Builder::default();
+    let root = rule(&mut b, schema)?;
+    b.finish(root)
 }
 
 /// The grammar of any JSON object (`response_format: json_object`).
 pub fn any_object() -> Result<Grammar, String> {
-    let mut c = Compiler::new(&Value::Null);
-    let root = c.any_object()?;
-    c.b.finish(root)
+    let mut b = Builder::default();
+    let root = any_object_rule(&mut b)?;
+    b.finish(root)
 }
 
-struct Compiler<'s> {
-    b: Builder,
+/// A rule of `b` matching the JSON values valid against `schema` (its
+/// `$ref`s resolved within it).
+pub fn rule(b: &mut Builder, schema: &Value) -> Result<RuleId, String> {
+    let mut c = Compiler::new(b, schema);
+    let root = c.rule_for(schema, "#", 0)?;
+    c.finish_refs()?;
+    Ok(root)
+}
+
+/// A rule of `b` matching any JSON object.
+pub fn any_object_rule(b: &mut Builder) -> Result<RuleId, String> {
+    Compiler::new(b, &Value::Null).any_object()
+}
+
+struct Compiler<'s, 'b> {
+    b: &'b mut Builder,
     root: &'s Value,
     /// `$ref` targets: rule per reference, and the ones still to compile.
     refs: HashMap<String, RuleId>,
@@ -73,9 +86,9 @@ fn lit(s: &str) -> Vec<Sym> {
     s.bytes().map(|b| Sym::Bytes(b, b)).collect()
 }
 
-impl<'s> Compiler<'s> {
-    fn new(root: &'s Value) -> Compiler<'s> {
-        Compiler { b: Builder::default(), root, refs: HashMap::new(), pending: Vec::new(), shared: HashMap::new() }
+impl<'s, 'b> Compiler<'s, 'b> {
+    fn new(b: &'b mut Builder, root: &'s Value) -> Compiler<'s, 'b> {
+        Compiler { b, root, refs: HashMap::new(), pending: Vec::new(), shared: HashMap::new() }
     }
 
     /// A rule made once per grammar.
@@ -410,7 +423,7 @@ impl<'s> Compiler<'s> {
                     return Err(format!("unsupported: 'pattern' together with 'minLength' or 'maxLength' at {path}"));
                 }
                 let p = p.as_str().ok_or_else(|| format!("'pattern' at {path} is not a string"))?;
-                pattern::compile(&mut self.b, p).map_err(|e| format!("'pattern' at {path}: {e}"))?
+                pattern::compile(self.b, p).map_err(|e| format!("'pattern' at {path}: {e}"))?
             }
             None if min.is_none() && max.is_none() => return Ok(vec![self.string()?]),
             None => {

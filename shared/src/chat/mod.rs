@@ -1,0 +1,477 @@
+//! Chat templates: a conversation of system, user and assistant messages
+//! formatted the way each model family was trained, ending where the
+//! assistant speaks. One implementation serves the CLI (one user turn, an
+//! optional system prompt) and the server (whole conversations). The
+//! tokenizer adds the first BOS where the model uses one, so templates never
+//! spell it; templates that repeat BOS/EOS between turns (llama2, mistral)
+//! spell them (`<s>`, `</s>`) so the tokenizer matches them as special tokens.
+//! Tools, tool calls and their results are written in each family's own
+//! format (`tools`).
+
+pub mod tools;
+
+pub use tools::{CallSyntax, Tool, ToolCall};
+
+/// A template kind (`--chat`, and the kind a `.mlt` file records).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Template {
+    /// `<|im_start|>role ... <|im_end|>` (SmolLM2, Qwen2)
+    Chatml,
+    /// ChatML with thinking off: an empty `<think>` block (Qwen3)
+    Qwen3,
+    /// `[INST] <<SYS>> ... [/INST]`
+    Llama2,
+    /// `<|start_header_id|>role<|end_header_id|> ... <|eot_id|>`
+    Llama3,
+    /// `[INST] ... [/INST]`
+    Mistral,
+    /// `<start_of_turn>user ... <end_of_turn>`
+    Gemma,
+    /// `<|user|> ... </s>` (TinyLlama)
+    Zephyr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+    /// An assistant message's calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool message: the call it answers.
+    pub tool_call_id: String,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Message {
+        Message { role, content: content.into(), tool_calls: Vec::new(), tool_call_id: String::new() }
+    }
+}
+
+impl Template {
+    /// The name `--chat` and `.mlt` files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Template::Chatml => "chatml",
+            Template::Qwen3 => "qwen3",
+            Template::Llama2 => "llama2",
+            Template::Llama3 => "llama3",
+            Template::Mistral => "mistral",
+            Template::Gemma => "gemma",
+            Template::Zephyr => "zephyr",
+        }
+    }
+
+    /// The template called `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Template> {
+        <Template as clap::ValueEnum>::from_str(name, false).ok()
+    }
+
+    /// One user turn, after `system` when given.
+    pub fn format_turn(self, system: Option<&str>, user: &str) -> String {
+        let mut turn: Vec<Message> = system.map(|s| Message::new(Role::System, s)).into_iter().collect();
+        turn.push(Message::new(Role::User, user));
+        self.format(None, &turn).expect("a system prompt and one user message suit every template")
+    }
+
+    /// The conversation, ending where the assistant speaks. `default_system`
+    /// is used when the conversation has no system message.
+    pub fn format(self, default_system: Option<&str>, messages: &[Message]) -> Result<String, String> {
+        self.format_with_tools(default_system, messages, &[])
+    }
+
+    /// `format`, with `tools` shown to the model, and the calls and results
+    /// in `messages` written, in the family's format (`tools`).
+    pub fn format_with_tools(
+        self,
+        default_system: Option<&str>,
+        messages: &[Message],
+        tools: &[Tool],
+    ) -> Result<String, String> {
+        if messages.is_empty() {
+            return Err("the conversation must hold at least one message".into());
+        }
+        let has_system = messages.iter().any(|m| m.role == Role::System);
+        let injected;
+        let messages: &[Message] = match (has_system, default_system) {
+            (false, Some(sys)) => {
+                injected = std::iter::once(Message::new(Role::System, sys))
+                    .chain(messages.iter().cloned())
+                    .collect::<Vec<_>>();
+                &injected
+            }
+            _ => messages,
+        };
+        let syntax = self.call_syntax();
+        let messages = &with_tools_written(syntax, messages, tools)?;
+        match self {
+            Template::Chatml | Template::Qwen3 | Template::Llama3 | Template::Zephyr => Ok(self.role_headers(messages)),
+            Template::Llama2 | Template::Mistral | Template::Gemma => {
+                self.alternating(messages, syntax.available_tools_text(tools).as_deref())
+            }
+        }
+    }
+
+    /// Templates with a header per role (system allowed anywhere).
+    fn role_headers(self, messages: &[Message]) -> String {
+        let mut s = String::new();
+        for m in messages {
+            let role = match m.role {
+                Role::System => "system",
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool if self == Template::Llama3 => "ipython",
+                Role::Tool => "tool",
+            };
+            let c = &m.content;
+            match self {
+                Template::Llama3 => s += &format!("<|start_header_id|>{role}<|end_header_id|>\n\n{c}<|eot_id|>"),
+                Template::Zephyr => s += &format!("<|{role}|>\n{c}</s>\n"),
+                _ => s += &format!("<|im_start|>{role}\n{c}<|im_end|>\n"),
+            }
+        }
+        match self {
+            Template::Llama3 => s += "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            Template::Zephyr => s += "<|assistant|>\n",
+            Template::Qwen3 => s += "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            _ => s += "<|im_start|>assistant\n",
+        }
+        s
+    }
+
+    /// Templates without a system role (llama2, mistral, gemma): system text
+    /// joins the first user turn, and turns must alternate user/assistant,
+    /// starting with the user, as these models' own templates require.
+    /// (Mistral: `available_tools` goes before the last user turn, and tool
+    /// results, which count as the user's side, follow the call without an
+    /// `[INST]`.)
+    fn alternating(self, messages: &[Message], available_tools: Option<&str>) -> Result<String, String> {
+        let kind = self.name();
+        let n_sys = messages.iter().take_while(|m| m.role == Role::System).count();
+        if messages[n_sys..].iter().any(|m| m.role == Role::System) {
+            return Err(format!("the '{kind}' template allows system messages only at the start of the conversation"));
+        }
+        let system: Option<String> =
+            (n_sys > 0).then(|| messages[..n_sys].iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n"));
+        let turns = &messages[n_sys..];
+        // tool results after a call are the user's side of the alternation
+        let side = |m: &Message| if m.role == Role::Tool { Role::User } else { m.role };
+        let mut i = 0;
+        for (k, m) in turns.iter().enumerate() {
+            if m.role == Role::Tool && k > 0 && turns[k - 1].role == Role::Tool {
+                continue;
+            }
+            let want = if i % 2 == 0 { Role::User } else { Role::Assistant };
+            i += 1;
+            if side(m) != want {
+                return Err(format!(
+                    "the '{kind}' template needs turns alternating user/assistant, starting with a user message (message {} is not)",
+                    n_sys + k
+                ));
+            }
+        }
+        if turns.last().map(side) != Some(Role::User) {
+            return Err(format!("the '{kind}' template needs the conversation to end with a user message"));
+        }
+        let last_user = turns.iter().rposition(|m| m.role == Role::User);
+        let mut s = String::new();
+        for (i, m) in turns.iter().enumerate() {
+            let c = &m.content;
+            let first = i == 0;
+            if let (Some(tools), true) = (available_tools, Some(i) == last_user) {
+                s += tools;
+            }
+            // the system text opens the first user turn
+            let user = || match (&system, first) {
+                (Some(sys), true) if self == Template::Llama2 => format!("<<SYS>>\n{sys}\n<</SYS>>\n\n{c}"),
+                (Some(sys), true) => format!("{sys}\n\n{c}"),
+                _ => c.clone(),
+            };
+            match (self, m.role) {
+                (Template::Llama2, Role::User) => {
+                    s += &format!("{}[INST] {} [/INST]", if first { "" } else { "<s>" }, user())
+                }
+                (Template::Llama2, _) => s += &format!(" {c} </s>"),
+                (Template::Mistral, Role::User) => s += &format!("[INST] {} [/INST]", user()),
+                (Template::Mistral, Role::Tool) => {
+                    s += &CallSyntax::Mistral.result_text(c, &m.tool_call_id);
+                }
+                (Template::Mistral, _) => s += &format!("{c}</s>"),
+                (_, Role::User) => s += &format!("<start_of_turn>user\n{}<end_of_turn>\n", user()),
+                (_, _) => s += &format!("<start_of_turn>model\n{c}<end_of_turn>\n"),
+            }
+        }
+        if self == Template::Gemma {
+            s += "<start_of_turn>model\n";
+        }
+        Ok(s)
+    }
+}
+
+/// The conversation with the tools shown and the calls and results written
+/// as `syntax` writes them, as plain messages (tool results stay `Tool`
+/// messages where the template has a place for them: Llama 3's `ipython`,
+/// Mistral's `[TOOL_RESULTS]`).
+fn with_tools_written(syntax: CallSyntax, messages: &[Message], tools: &[Tool]) -> Result<Vec<Message>, String> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    let system_prefix = match syntax {
+        CallSyntax::Llama3 if !tools.is_empty() => {
+            Some("Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n".to_string())
+        }
+        _ => None,
+    };
+    let system_suffix = syntax.system_tools_text(tools);
+    if (system_prefix.is_some() || system_suffix.is_some()) && messages[0].role != Role::System {
+        out.push(Message::new(Role::System, ""));
+    }
+    let mut user_prefix = syntax.user_tools_text(tools);
+    // the last message out holds Hermes tool results (the next ones join it)
+    let mut in_results = false;
+    for m in messages {
+        let mut m = m.clone();
+        match m.role {
+            Role::User => {
+                if let Some(p) = user_prefix.take() {
+                    m.content = format!("{p}{}", m.content.trim());
+                }
+            }
+            Role::Assistant if !m.tool_calls.is_empty() => {
+                m.content = syntax.calls_text(&m.content, &m.tool_calls)?;
+            }
+            Role::Tool if syntax == CallSyntax::Hermes => {
+                let result = syntax.result_text(&m.content, &m.tool_call_id);
+                match out.last_mut() {
+                    Some(prev) if in_results => {
+                        prev.content.push('\n');
+                        prev.content.push_str(&result);
+                    }
+                    _ => out.push(Message::new(Role::User, result)),
+                }
+                in_results = true;
+                continue;
+            }
+            _ => {}
+        }
+        in_results = false;
+        out.push(m);
+    }
+    // the tools' text goes into the first system message
+    if let Some(sys) = out.first_mut().filter(|m| m.role == Role::System) {
+        if let Some(p) = system_prefix {
+            sys.content.insert_str(0, &p);
+        }
+        if let Some(t) = system_suffix {
+            if !sys.content.is_empty() {
+                sys.content.push_str("\n\n");
+            }
+            sys.content.push_str(&t);
+        }
+    }
+    if user_prefix.is_some() {
+        return Err("the llama3 template shows the tools in the first user message, and there is none".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    fn msg(role: Role, c: &str) -> Message {
+        Message::new(role, c)
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for &t in Template::value_variants() {
+            assert_eq!(Template::from_name(t.name()), Some(t));
+        }
+        assert_eq!(Template::from_name("nope"), None);
+    }
+
+    #[test]
+    fn one_turn_shapes() {
+        assert_eq!(
+            Template::Chatml.format_turn(Some("S"), "Hi"),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(Template::Llama2.format_turn(Some("S"), "Hi"), "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]");
+        assert_eq!(Template::Llama2.format_turn(None, "Hi"), "[INST] Hi [/INST]");
+        assert_eq!(Template::Mistral.format_turn(Some("S"), "Hi"), "[INST] S\n\nHi [/INST]");
+        assert_eq!(
+            Template::Gemma.format_turn(Some("S"), "Hi"),
+            "<start_of_turn>user\nS\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            Template::Qwen3.format_turn(None, "Hi"),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        );
+        for &t in Template::value_variants() {
+            assert!(t.format_turn(None, "question?").contains("question?"));
+        }
+    }
+
+    #[test]
+    fn default_system_and_request_system() {
+        for &t in Template::value_variants() {
+            let want = t.format_turn(Some("Be brief."), "Hi there?");
+            let got = t.format(Some("Be brief."), &[msg(Role::User, "Hi there?")]).unwrap();
+            assert_eq!(got, want, "{t:?}: the default system prompt");
+        }
+        // A system message in the conversation overrides the default.
+        let m = [msg(Role::System, "A"), msg(Role::User, "q")];
+        assert_eq!(Template::Chatml.format(Some("B"), &m).unwrap(), Template::Chatml.format_turn(Some("A"), "q"));
+    }
+
+    #[test]
+    fn multi_turn_shapes() {
+        let conv = [msg(Role::System, "S"), msg(Role::User, "u1"), msg(Role::Assistant, "a1"), msg(Role::User, "u2")];
+        let f = |t: Template| t.format(None, &conv).unwrap();
+        assert_eq!(
+            f(Template::Chatml),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n\
+             <|im_start|>user\nu2<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(f(Template::Llama2), "[INST] <<SYS>>\nS\n<</SYS>>\n\nu1 [/INST] a1 </s><s>[INST] u2 [/INST]");
+        assert_eq!(f(Template::Mistral), "[INST] S\n\nu1 [/INST]a1</s>[INST] u2 [/INST]");
+        assert_eq!(
+            f(Template::Gemma),
+            "<start_of_turn>user\nS\n\nu1<end_of_turn>\n<start_of_turn>model\na1<end_of_turn>\n\
+             <start_of_turn>user\nu2<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            f(Template::Llama3),
+            "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nu1<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\na1<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nu2<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        assert_eq!(
+            f(Template::Zephyr),
+            "<|system|>\nS</s>\n<|user|>\nu1</s>\n<|assistant|>\na1</s>\n<|user|>\nu2</s>\n<|assistant|>\n"
+        );
+        assert!(f(Template::Qwen3).ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    }
+
+    #[test]
+    fn bad_conversations_are_errors() {
+        assert!(Template::Chatml.format(None, &[]).is_err());
+        let two_users = [msg(Role::User, "a"), msg(Role::User, "b")];
+        assert!(Template::Llama2.format(None, &two_users).is_err());
+        assert!(Template::Chatml.format(None, &two_users).is_ok());
+        let late_system =
+            [msg(Role::User, "a"), msg(Role::Assistant, "b"), msg(Role::System, "c"), msg(Role::User, "d")];
+        assert!(Template::Gemma.format(None, &late_system).is_err());
+        assert!(Template::Mistral.format(None, &[msg(Role::User, "a"), msg(Role::Assistant, "b")]).is_err());
+    }
+
+    fn weather_tool() -> Tool {
+        let f = serde_json::json!({"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}});
+        Tool { name: "get_weather".into(), function: f.as_object().unwrap().clone() }
+    }
+
+    fn call_conversation() -> Vec<Message> {
+        let mut call = msg(Role::Assistant, "");
+        call.tool_calls = vec![ToolCall {
+            id: "abcdefghi".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }];
+        let mut result = msg(Role::Tool, r#"{"temp": 18}"#);
+        result.tool_call_id = "abcdefghi".into();
+        vec![msg(Role::System, "S"), msg(Role::User, "Weather in Paris?"), call, result]
+    }
+
+    #[test]
+    fn tools_calls_and_results_in_each_format() {
+        let tools = [weather_tool()];
+        let conv = call_conversation();
+        // Qwen2.5's template, rendered by transformers
+        let tool_line = r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#;
+        assert_eq!(
+            Template::Chatml.format_with_tools(None, &conv, &tools).unwrap(),
+            format!(
+                "<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+                 You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tool_line}\n</tools>\n\n\
+                 For each function call, return a json object with function name and arguments within <tool_call></tool_call> \
+                 XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n\
+                 <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+                 <|im_start|>assistant\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Paris\"}}}}\n</tool_call><|im_end|>\n\
+                 <|im_start|>user\n<tool_response>\n{{\"temp\": 18}}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            )
+        );
+        let llama = Template::Llama3.format_with_tools(None, &conv, &tools).unwrap();
+        assert!(llama.starts_with(
+            "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\n\
+             Today Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions"
+        ));
+        assert!(
+            llama.contains("{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",")
+        );
+        assert!(llama.ends_with(
+            "Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n\
+             {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>\
+             <|start_header_id|>ipython<|end_header_id|>\n\n{\"temp\": 18}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        ));
+        assert_eq!(
+            Template::Mistral.format_with_tools(None, &conv, &tools).unwrap(),
+            format!(
+                "[AVAILABLE_TOOLS] [{tool_line}][/AVAILABLE_TOOLS][INST] S\n\nWeather in Paris? [/INST]\
+                 [TOOL_CALLS] [{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Paris\"}}, \"id\": \"abcdefghi\"}}]</s>\
+                 [TOOL_RESULTS] {{\"content\": {{\"temp\": 18}}, \"call_id\": \"abcdefghi\"}}[/TOOL_RESULTS]"
+            )
+        );
+        // Gemma has no format of its own: Hermes text in the first user turn
+        let gemma = Template::Gemma.format_with_tools(None, &conv, &tools).unwrap();
+        assert!(gemma.contains("S\n\n# Tools") && gemma.contains("<start_of_turn>user\n<tool_response>"));
+        assert!(gemma.ends_with("</tool_response><end_of_turn>\n<start_of_turn>model\n"));
+    }
+
+    #[test]
+    fn forced_calls_follow_their_grammar_and_parse_back() {
+        use crate::grammar::Constraint;
+        let tools = [weather_tool()];
+        for (syntax, text) in [
+            (
+                CallSyntax::Hermes,
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+            ),
+            (CallSyntax::Llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+            (CallSyntax::Mistral, " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"),
+        ] {
+            let g = std::sync::Arc::new(syntax.grammar(&tools, true).unwrap());
+            let pieces: Vec<Box<[u8]>> = (0u8..128).map(|b| vec![b].into_boxed_slice()).collect();
+            let vocab = std::sync::Arc::new(crate::grammar::Vocab::from_pieces(pieces, false));
+            let mut c = Constraint::new(g, vocab);
+            for b in text.bytes() {
+                assert!(c.accept(u32::from(b)), "{syntax:?}: {text}");
+            }
+            assert!(c.accepting(), "{syntax:?}");
+            let (content, calls) = syntax.parse(text, &tools).unwrap();
+            assert_eq!(
+                (content.as_str(), calls),
+                ("", vec![("get_weather".to_string(), r#"{"city":"Oslo"}"#.to_string())])
+            );
+        }
+        // not a call: text; a call to an unknown tool or with bad JSON: text
+        assert!(CallSyntax::Hermes.parse("Hello", &tools).is_none());
+        assert!(CallSyntax::Hermes
+            .parse("<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>", &tools)
+            .is_none());
+        assert!(CallSyntax::Llama3.parse("{\"name\": \"get_weather\", \"parameters\": [1]}", &tools).is_none());
+        // text before the calls is the content; a call cut off by the limit is dropped
+        let (content, calls) = CallSyntax::Hermes
+            .parse("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n</tool_call>\n<tool_call>\n{\"na", &tools)
+            .unwrap();
+        assert_eq!((content.as_str(), calls.len()), ("Let me check.", 1));
+    }
+}
