@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use super::engine::{GenParams, TokenLogprob};
-use crate::chat::{Message, Role};
+use crate::chat::{Message, Role, Tool, ToolCall};
 use crate::generate::Finish;
 use crate::grammar::{self, Grammar};
 use crate::sampler::{SettingRange, MIN_P, REPEAT_PENALTY, TEMPERATURE, TOP_P};
@@ -80,6 +80,24 @@ pub struct GenRequest {
     pub params: GenParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// Chat: the functions the model may call, and whether and how it must.
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    /// No tools are shown; the answer is text.
+    None,
+    /// The model answers with text or calls (its choice).
+    Auto,
+    /// The answer is one or more calls (their arguments valid against the
+    /// functions' schemas).
+    Required,
+    /// The answer is a call to this function.
+    Function(String),
 }
 
 impl GenRequest {
@@ -239,7 +257,16 @@ const COMMON_FIELDS: [&str; 23] = [
 ];
 /// The longest `timeout` a request may ask for: a day.
 const MAX_TIMEOUT: f64 = 86_400.0;
-const CHAT_FIELDS: [&str; 5] = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "store"];
+const CHAT_FIELDS: [&str; 8] = [
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "store",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 const COMPLETION_FIELDS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
 
 /// Validates a /v1/chat/completions (`chat`) or /v1/completions body.
@@ -381,6 +408,17 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         draft_sizes: (draft_min, draft_max),
         grammar,
     };
+    let (tools, tool_choice, parallel_tool_calls) = match chat {
+        true => parse_tools(&f)?,
+        false => (Vec::new(), ToolChoice::None, false),
+    };
+    if params.grammar.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return Err(ApiError::field(
+            "invalid_value",
+            "tool_choice",
+            "a required tool call cannot also follow 'response_format' (its arguments follow the tool's schema)",
+        ));
+    }
     Ok(GenRequest {
         chat,
         prompt,
@@ -388,7 +426,110 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         params,
         stream,
         include_usage,
+        tools,
+        tool_choice,
+        parallel_tool_calls,
     })
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`. Each tool's schema is
+/// compiled here so that one the server cannot follow is refused now.
+fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
+    let mut tools = Vec::new();
+    match f.get("tools") {
+        None => {}
+        Some(Value::Array(list)) => {
+            for (i, t) in list.iter().enumerate() {
+                let p = format!("tools[{i}]");
+                let obj = t.as_object().ok_or_else(|| wrong_type(&p, "an object", t))?;
+                match obj.get("type") {
+                    Some(Value::String(k)) if k == "function" => {}
+                    _ => {
+                        return Err(ApiError::field(
+                            "invalid_value",
+                            &format!("{p}.type"),
+                            format!("'{p}.type' must be \"function\""),
+                        ))
+                    }
+                }
+                let fp = format!("{p}.function");
+                let func = match obj.get("function") {
+                    Some(Value::Object(func)) => func,
+                    Some(v) => return Err(wrong_type(&fp, "an object", v)),
+                    None => return Err(ApiError::field("missing_parameter", &fp, format!("'{fp}' is required"))),
+                };
+                let name = match func.get("name") {
+                    Some(Value::String(n)) if !n.is_empty() && n.len() <= 64 => n.clone(),
+                    _ => {
+                        return Err(ApiError::field(
+                            "invalid_value",
+                            &format!("{fp}.name"),
+                            format!("'{fp}.name' must be a name of 1 to 64 characters"),
+                        ))
+                    }
+                };
+                if tools.iter().any(|t: &Tool| t.name == name) {
+                    return Err(ApiError::field(
+                        "invalid_value",
+                        &format!("{fp}.name"),
+                        format!("two tools are named '{}'", name.escape_debug()),
+                    ));
+                }
+                if let Some(params) = func.get("parameters") {
+                    let pp = format!("{fp}.parameters");
+                    grammar::schema::compile(params)
+                        .map_err(|e| ApiError::field("invalid_value", &pp, format!("'{pp}': {e}")))?;
+                }
+                tools.push(Tool { name, function: func.clone() });
+            }
+        }
+        Some(v) => return Err(wrong_type("tools", "an array", v)),
+    }
+    let choice = match f.get("tool_choice") {
+        None if tools.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+        Some(Value::String(c)) => match c.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    "tool_choice",
+                    format!(
+                        "'tool_choice' must be 'none', 'auto', 'required' or a function, not '{}'",
+                        other.escape_debug()
+                    ),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => match o.get("function").and_then(|fun| fun.get("name")).and_then(Value::as_str) {
+            Some(name) => ToolChoice::Function(name.to_string()),
+            None => {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    "tool_choice",
+                    "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": NAME}}",
+                ))
+            }
+        },
+        Some(v) => return Err(wrong_type("tool_choice", "a string or an object", v)),
+    };
+    match &choice {
+        ToolChoice::Required | ToolChoice::Auto if tools.is_empty() => {
+            return Err(ApiError::field("invalid_value", "tool_choice", "'tool_choice' needs 'tools'"))
+        }
+        ToolChoice::Function(name) if !tools.iter().any(|t| &t.name == name) => {
+            return Err(ApiError::field(
+                "invalid_value",
+                "tool_choice",
+                format!("'tool_choice' names '{}', which is not among the tools", name.escape_debug()),
+            ))
+        }
+        _ => {}
+    }
+    let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
+    Ok((tools, choice, parallel))
 }
 
 /// The grammar the output must match: OpenAI's `response_format`
@@ -514,6 +655,38 @@ fn parse_prompt(v: &Value) -> Result<Prompt, ApiError> {
     }
 }
 
+/// An assistant message's `tool_calls`.
+fn parse_tool_calls(v: &Value, p: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let list = v.as_array().ok_or_else(|| wrong_type(p, "an array", v))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, c) in list.iter().enumerate() {
+        let cp = format!("{p}[{i}]");
+        let string = |key: &str, v: Option<&Value>| -> Result<String, ApiError> {
+            match v {
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(other) => Err(wrong_type(&format!("{cp}.{key}"), "a string", other)),
+                None => Err(ApiError::field(
+                    "missing_parameter",
+                    &format!("{cp}.{key}"),
+                    format!("'{cp}.{key}' is required"),
+                )),
+            }
+        };
+        let func = c.get("function");
+        let arguments = match func.and_then(|f| f.get("arguments")) {
+            // some clients send the object itself
+            Some(v @ Value::Object(_)) => v.to_string(),
+            other => string("function.arguments", other)?,
+        };
+        out.push(ToolCall {
+            id: string("id", c.get("id")).unwrap_or_default(),
+            name: string("function.name", func.and_then(|f| f.get("name")))?,
+            arguments,
+        });
+    }
+    Ok(out)
+}
+
 fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
     let arr = match v {
         Value::Array(a) => a,
@@ -529,7 +702,8 @@ fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
             Value::Object(o) => o,
             other => return Err(wrong_type(&p, "an object", other)),
         };
-        if let Some(k) = obj.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+        let fields = ["role", "content", "name", "tool_calls", "tool_call_id", "refusal"];
+        if let Some(k) = obj.keys().find(|k| !fields.contains(&k.as_str())) {
             return Err(ApiError::field("unsupported_parameter", &p, format!("unsupported field '{p}.{k}'")));
         }
         let role = match obj.get("role") {
@@ -537,11 +711,14 @@ fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
                 "system" | "developer" => Role::System,
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
+                "tool" => Role::Tool,
                 other => {
                     return Err(ApiError::field(
                         "invalid_value",
                         &format!("{p}.role"),
-                        format!("'{p}.role' is '{other}'; this server takes system, developer, user and assistant"),
+                        format!(
+                            "'{p}.role' is '{other}'; this server takes system, developer, user, assistant and tool"
+                        ),
                     ))
                 }
             },
@@ -589,12 +766,42 @@ fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
         if let Some(n) = obj.get("name").filter(|n| !n.is_null() && !n.is_string()) {
             return Err(wrong_type(&format!("{p}.name"), "a string", n));
         }
-        out.push(Message { role, content });
+        let mut message = Message::new(role, content);
+        match (role, obj.get("tool_calls").filter(|v| !v.is_null())) {
+            (Role::Assistant, Some(calls)) => message.tool_calls = parse_tool_calls(calls, &format!("{p}.tool_calls"))?,
+            (_, Some(_)) => {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    &format!("{p}.tool_calls"),
+                    format!("'{p}.tool_calls' is for assistant messages"),
+                ))
+            }
+            _ => {}
+        }
+        if role == Role::Tool {
+            let ip = format!("{p}.tool_call_id");
+            message.tool_call_id = match obj.get("tool_call_id") {
+                Some(Value::String(id)) => id.clone(),
+                Some(v) => return Err(wrong_type(&ip, "a string", v)),
+                None => return Err(ApiError::field("missing_parameter", &ip, format!("'{ip}' is required"))),
+            };
+        }
+        out.push(message);
     }
     Ok(out)
 }
 
 // ---------------------------------------------------------------- answers
+
+/// `tool_calls` of an assistant message.
+fn calls_json(calls: &[ToolCall]) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect(),
+    )
+}
 
 pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({
@@ -706,24 +913,58 @@ impl Meta {
     ) -> Value {
         let lp = logprobs.unwrap_or(Value::Null);
         let fr = finish.map_or(Value::Null, |f| json!(f.as_str()));
-        let choice = if chat {
-            let mut delta = Map::new();
-            if first {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            if let Some(t) = text {
-                delta.insert("content".into(), json!(t));
-            }
-            json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr})
-        } else {
-            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": fr})
-        };
+        if !chat {
+            let choice = json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": fr});
+            return self.chunk_of(false, choice, with_usage_field);
+        }
+        let mut delta = Map::new();
+        if first {
+            delta.insert("role".into(), json!("assistant"));
+        }
+        if let Some(t) = text {
+            delta.insert("content".into(), json!(t));
+        }
+        let choice = json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr});
+        self.chunk_of(true, choice, with_usage_field)
+    }
+
+    fn chunk_of(&self, chat: bool, choice: Value, with_usage_field: bool) -> Value {
         let mut m = self.base(if chat { "chat.completion.chunk" } else { "text_completion" });
         m.insert("choices".into(), json!([choice]));
         if with_usage_field {
             m.insert("usage".into(), Value::Null);
         }
         Value::Object(m)
+    }
+
+    /// The whole chat answer when the model called tools: `content` (null
+    /// when empty) and the calls, `finish_reason` "tool_calls".
+    pub fn answer_calls(&self, content: &str, calls: &[ToolCall], usage: Value) -> Value {
+        let content = if content.is_empty() { Value::Null } else { json!(content) };
+        let message =
+            json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls_json(calls)});
+        let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": "tool_calls"});
+        let mut m = self.base("chat.completion");
+        m.insert("choices".into(), json!([choice]));
+        m.insert("usage".into(), usage);
+        Value::Object(m)
+    }
+
+    /// The stream chunks of the calls (each call's id, type and name in one
+    /// chunk, its arguments in the next, as OpenAI streams them), then the
+    /// last chunk, `finish_reason` "tool_calls".
+    pub fn calls_chunks(&self, calls: &[ToolCall], with_usage_field: bool) -> Vec<Value> {
+        let mut out = Vec::new();
+        let delta = |d: Value, fr: Value| json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": fr});
+        for (i, c) in calls.iter().enumerate() {
+            let head = json!({"tool_calls": [{"index": i, "id": c.id, "type": "function",
+                                              "function": {"name": c.name, "arguments": ""}}]});
+            out.push(self.chunk_of(true, delta(head, Value::Null), with_usage_field));
+            let args = json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]});
+            out.push(self.chunk_of(true, delta(args, Value::Null), with_usage_field));
+        }
+        out.push(self.chunk_of(true, delta(json!({}), json!("tool_calls")), with_usage_field));
+        out
     }
 
     /// The extra last chunk of `stream_options.include_usage`: no choices, the usage.

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::api::{self, ApiError, GenRequest, Meta, Prompt};
+use super::api::{self, ApiError, GenRequest, Meta, Prompt, ToolChoice};
 use super::engine::{Event, Job, TokenLogprob};
 use super::http::{self, Request, Response, StreamWriter};
 use super::{unix_now, Server};
+use crate::chat::{CallSyntax, Tool, ToolCall};
 use crate::generate::Finish;
 
 /// How often a waiting connection checks whether its client is still there.
@@ -36,23 +37,44 @@ fn unique() -> u64 {
 pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
     let received = Instant::now();
     match prepare(srv, req, chat) {
-        Ok((greq, ids)) => run(srv, stream, req, greq, ids, received),
+        Ok((greq, ids, calls)) => run(srv, stream, req, greq, ids, calls, received),
         Err(e) => srv.send_error(stream, &e),
     }
 }
 
-/// Validates the body and turns it into prompt ids with the output limit set.
-fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u32>), ApiError> {
+/// Validates the body and turns it into prompt ids with the output limit
+/// set; with tools, also the syntax the model writes calls in (its answer
+/// is read back as calls where it holds them).
+fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u32>, Option<CallSyntax>), ApiError> {
     let obj = api::parse_object(&req.body)?;
     let mut greq = api::parse_request(&obj, chat, unique())?;
+    let mut calls = None;
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
             let template = srv.template.ok_or_else(|| {
                 ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
             })?;
-            let text = template
-                .format(srv.system.as_deref(), m)
+            let shown: &[Tool] = if greq.tool_choice == ToolChoice::None { &[] } else { &greq.tools };
+            let mut text = template
+                .format_with_tools(srv.system.as_deref(), m, shown)
                 .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
+            let syntax = template.call_syntax();
+            let forced: Vec<Tool> = match &greq.tool_choice {
+                ToolChoice::None | ToolChoice::Auto => Vec::new(),
+                ToolChoice::Required => greq.tools.clone(),
+                ToolChoice::Function(name) => greq.tools.iter().filter(|t| &t.name == name).cloned().collect(),
+            };
+            if !forced.is_empty() {
+                // the answer is the call: written under its grammar, after the syntax's opening
+                text.push_str(syntax.forced_prefix());
+                // a named function is called once (OpenAI's meaning)
+                let parallel = greq.parallel_tool_calls && greq.tool_choice == ToolChoice::Required;
+                let g = syntax.grammar(&forced, parallel).map_err(|e| ApiError::field("invalid_value", "tools", e))?;
+                greq.params.grammar = Some(Arc::new(g));
+            }
+            if !shown.is_empty() {
+                calls = Some(syntax);
+            }
             srv.tokenizer.encode(&text, true)
         }
         Prompt::Text(t) => srv.tokenizer.encode(t, true),
@@ -87,14 +109,48 @@ fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    Ok((greq, ids))
+    Ok((greq, ids, calls))
+}
+
+/// An id for each call: Mistral's nine letters and digits, else OpenAI's
+/// `call_` and 24.
+fn call_ids(syntax: CallSyntax, n: usize) -> Vec<String> {
+    const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let len = if syntax == CallSyntax::Mistral { 9 } else { 24 };
+    (0..n)
+        .map(|_| {
+            // eight characters per 64-bit number (62^8 < 2^64)
+            let mut bits = [unique(), unique(), unique()];
+            let id: String = (0..len)
+                .map(|i| {
+                    let word = &mut bits[i / 8];
+                    let c = ALNUM[(*word % 62) as usize] as char;
+                    *word /= 62;
+                    c
+                })
+                .collect();
+            if syntax == CallSyntax::Mistral {
+                id
+            } else {
+                format!("call_{id}")
+            }
+        })
+        .collect()
 }
 
 fn sse(v: &Value) -> Vec<u8> {
     format!("data: {v}\n\n").into_bytes()
 }
 
-fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, ids: Vec<u32>, received: Instant) {
+fn run(
+    srv: &Server,
+    stream: &mut TcpStream,
+    req: &Request,
+    greq: GenRequest,
+    ids: Vec<u32>,
+    calls: Option<CallSyntax>,
+    received: Instant,
+) {
     let chat = greq.chat;
     let meta = Meta {
         id: format!("{}-{:016x}", if chat { "chatcmpl" } else { "cmpl" }, unique()),
@@ -196,7 +252,8 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
                     }
                 });
                 match writer.as_mut() {
-                    Some(w) => {
+                    // with tools, the answer may be calls: it is read whole at the end
+                    Some(w) if calls.is_none() => {
                         if delta.is_empty() && lp_json.is_none() {
                             continue;
                         }
@@ -206,10 +263,10 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
                             return hang_up();
                         }
                     }
-                    None => {
+                    _ => {
                         text.push_str(&delta);
                         logprobs.extend(lp);
-                        if http::peer_closed(stream) {
+                        if http::peer_closed(writer.as_mut().map_or(&*stream, |w| w.stream())) {
                             return hang_up();
                         }
                     }
@@ -217,6 +274,45 @@ fn run(srv: &Server, stream: &mut TcpStream, req: &Request, greq: GenRequest, id
             }
             Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
                 let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                let parsed = calls.and_then(|syntax| {
+                    let (content, found) = syntax.parse(&text, &greq.tools)?;
+                    let ids = call_ids(syntax, found.len());
+                    let found: Vec<ToolCall> = found
+                        .into_iter()
+                        .zip(ids)
+                        .map(|((name, arguments), id)| ToolCall { id, name, arguments })
+                        .collect();
+                    Some((content, found))
+                });
+                if let Some((content, found)) = parsed {
+                    match writer {
+                        Some(mut w) => {
+                            let mut chunks = Vec::new();
+                            if !content.is_empty() {
+                                chunks.push(meta.chunk(true, Some(&content), false, None, None, greq.include_usage));
+                            }
+                            chunks.extend(meta.calls_chunks(&found, greq.include_usage));
+                            for c in &chunks {
+                                let _ = w.send(&sse(c));
+                            }
+                            if greq.include_usage {
+                                let _ = w.send(&sse(&meta.usage_chunk(true, usage)));
+                            }
+                            let _ = w.send(b"data: [DONE]\n\n");
+                            let _ = w.end();
+                        }
+                        None => srv.send(stream, &Response::json(200, &meta.answer_calls(&content, &found, usage))),
+                    }
+                    return;
+                }
+                if let (Some(w), Some(_)) = (writer.as_mut(), calls) {
+                    // no calls after all: the held text, as one delta
+                    if !text.is_empty() {
+                        let lp_json = want_logprobs.then(|| api::chat_logprobs(&logprobs));
+                        let _ = w.send(&sse(&meta.chunk(true, Some(&text), first, None, lp_json, greq.include_usage)));
+                        first = false;
+                    }
+                }
                 match writer {
                     Some(mut w) => {
                         let last = if chat {
