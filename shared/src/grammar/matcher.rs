@@ -19,6 +19,15 @@ use crate::tokenizer::bpe::{pair_key, PairHasher};
 /// No node below: the bottom of every stack.
 const BOTTOM: u32 = u32::MAX;
 
+/// The most stack nodes one byte may expand, and the most nodes a matcher
+/// may make: a grammar so ambiguous that one byte leaves more parses than
+/// this (`root ::= x{1000}` with a nullable recursive `x`) would otherwise
+/// take unbounded time and memory. Past either, the parse is cut: the
+/// state is dead and `Matcher::overflowed` says why. JSON Schema grammars
+/// expand tens of nodes a byte.
+const MAX_EXPANDED: usize = 4096;
+const MAX_NODES: usize = 1 << 22;
+
 /// Where the parse can be: the stack tops (each at a `Sym::Bytes`), sorted,
 /// and whether the output so far is already a whole match.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -46,11 +55,25 @@ pub struct Matcher {
     seen: Vec<u32>,
     visit: u32,
     work: Vec<u32>,
+    overflowed: bool,
 }
 
 impl Matcher {
     pub fn new(grammar: Arc<Grammar>) -> Matcher {
-        Matcher { grammar, nodes: Vec::new(), ids: HashMap::default(), seen: Vec::new(), visit: 0, work: Vec::new() }
+        Matcher {
+            grammar,
+            nodes: Vec::new(),
+            ids: HashMap::default(),
+            seen: Vec::new(),
+            visit: 0,
+            work: Vec::new(),
+            overflowed: false,
+        }
+    }
+
+    /// A parse was cut for its size (`MAX_EXPANDED`, `MAX_NODES`).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     fn node(&mut self, pos: u32, below: u32) -> u32 {
@@ -109,7 +132,16 @@ impl Matcher {
     fn expand(&mut self, state: &mut State) {
         let g = Arc::clone(&self.grammar);
         let syms = &g.syms;
+        let mut expanded = 0;
         while let Some(id) = self.work.pop() {
+            expanded += 1;
+            if expanded > MAX_EXPANDED || self.nodes.len() > MAX_NODES {
+                self.overflowed = true;
+                self.work.clear();
+                state.tops.clear();
+                state.accepting = false;
+                return;
+            }
             if self.seen[id as usize] == self.visit {
                 continue;
             }

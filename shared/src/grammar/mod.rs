@@ -198,7 +198,15 @@ impl Builder {
         }
         let grammar = Grammar { syms, alts, root };
         grammar.check_left_recursion()?;
-        Ok(grammar)
+        // a grammar whose very first parse is cut for its size cannot be used
+        let grammar = std::sync::Arc::new(grammar);
+        let mut m = matcher::Matcher::new(std::sync::Arc::clone(&grammar));
+        m.start();
+        if m.overflowed() {
+            return Err("the grammar is too ambiguous: its start alone has more parses than the matcher keeps".into());
+        }
+        drop(m);
+        Ok(std::sync::Arc::try_unwrap(grammar).expect("the matcher was dropped"))
     }
 }
 

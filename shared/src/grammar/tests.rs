@@ -209,3 +209,25 @@ fn masks_equal_checking_every_token() {
     assert!(c.accept(128 + 12));
     assert!(!c.allows(128 + 12));
 }
+
+#[test]
+fn pathological_ambiguity_is_cut_not_hung() {
+    // found by the gbnf fuzz target: `root{1000}` of a recursive, nullable-
+    // prefixed root took unbounded time per byte
+    let text = "#\u{1a}move#s\nroot ::= move (\", \" move){0,3} \"!\"?\nmove ::=\n  [\":ue t ::= d\0ve (\", \" move){0,{0,}::=18] | \"O@-O\" |\n  \"\\u0e09\"? .root{1000}\n";
+    let started = std::time::Instant::now();
+    match gbnf::compile(text) {
+        Ok(g) => {
+            let pieces: Vec<Box<[u8]>> = (0u8..128).map(|b| vec![b].into_boxed_slice()).collect();
+            let mut c = Constraint::new(Arc::new(g), Arc::new(Vocab::from_pieces(pieces, false)));
+            for b in b"O@-O, O@-O" {
+                let _ = c.mask();
+                if !c.accept(u32::from(*b)) {
+                    break;
+                }
+            }
+        }
+        Err(e) => assert!(!e.contains('\n'), "{e}"),
+    }
+    assert!(started.elapsed().as_secs() < 10, "took {:?}", started.elapsed());
+}

@@ -127,6 +127,12 @@ impl Constraint {
         Constraint { matcher, vocab, state, first: true, masks: HashMap::new(), depth: Vec::new() }
     }
 
+    /// The grammar is so ambiguous that a parse was cut (no token can then
+    /// continue the output).
+    pub fn overflowed(&self) -> bool {
+        self.matcher.overflowed()
+    }
+
     /// The output so far is a whole match (an end-of-text token may follow).
     pub fn accepting(&self) -> bool {
         self.state.accepting
