@@ -9,6 +9,7 @@ use crate::app::server::{api, http};
 use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt;
+use crate::grammar::{gbnf, schema, Constraint, Grammar, Vocab};
 use crate::import::{gguf::import_model, tokenizer::import_tokenizer, ConvertType};
 use crate::model::Config;
 use crate::tokenizer::Tokenizer;
@@ -106,6 +107,48 @@ pub fn json_request(data: &[u8]) {
     }
 }
 
+/// A JSON Schema: the grammar compiled from it, then its masks and matching
+/// (`grammar_run`).
+pub fn json_schema(data: &[u8]) {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+        match schema::compile(&v) {
+            Ok(g) => grammar_run(g, data),
+            Err(e) => one_line(&e),
+        }
+    }
+}
+
+/// A GBNF grammar: compiled, then its masks and matching (`grammar_run`).
+pub fn gbnf(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    match gbnf::compile(text) {
+        Ok(g) => grammar_run(g, data),
+        Err(e) => one_line(&e),
+    }
+}
+
+/// A constrained output over a small vocabulary (every byte below 128, a
+/// few longer pieces): the mask, then the input's own bytes token by token
+/// while the grammar takes them, each taken token allowed by the mask
+/// before it.
+fn grammar_run(g: Grammar, data: &[u8]) {
+    let mut pieces: Vec<Box<[u8]>> = (0u8..128).map(|b| vec![b].into_boxed_slice()).collect();
+    for p in ["{\"", "\":", "\",\"", " \"", "true", "[1", "é", "\u{1F600}"] {
+        pieces.push(p.as_bytes().into());
+    }
+    let vocab = std::sync::Arc::new(Vocab::from_pieces(pieces, true));
+    let mut c = Constraint::new(std::sync::Arc::new(g), vocab);
+    for &b in data.iter().take(256) {
+        let mask = c.mask();
+        let id = u32::from(b.min(127));
+        if !c.accept(id) {
+            assert!(!crate::grammar::allowed(&mask, id), "the mask allows a token the grammar refuses");
+            break;
+        }
+        assert!(crate::grammar::allowed(&mask, id), "the mask refuses a token the grammar takes");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Every committed seed of every fuzz target runs through its entry
@@ -114,12 +157,14 @@ mod tests {
     fn the_seeds_run_cleanly() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
         type Entry = fn(&[u8]);
-        let targets: [(&str, Entry); 5] = [
+        let targets: [(&str, Entry); 7] = [
             ("mlb", super::mlb),
             ("mlt", super::mlt),
             ("gguf", super::gguf),
             ("http_head", super::http_head),
             ("json_request", super::json_request),
+            ("json_schema", super::json_schema),
+            ("gbnf", super::gbnf),
         ];
         for (name, run) in targets {
             let dir = seeds.join(name);

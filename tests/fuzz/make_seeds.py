@@ -15,7 +15,9 @@ that parse.
   GGUF   a one-layer Llama (SentencePiece tokenizer, Q8_0/F16/F32 tensors)
          and a tensorless file with a byte-level (gpt2) tokenizer, written
          with the `gguf` package as tests/test_gguf.py does;
-  HTTP, JSON   requests as tests/test_server.py sends them.
+  HTTP, JSON   requests as tests/test_server.py sends them (with schemas
+         and tools as tests/test_structured.py and test_tools.py do);
+  schemas, GBNF   JSON Schemas and grammars as those tests give them.
 
 Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt).
 """
@@ -180,6 +182,37 @@ JSON = {
                                         {"role": "user", "content": "😀 中文"}],
              "max_completion_tokens": 16, "temperature": 0.7, "logprobs": True, "top_logprobs": 3,
              "stop": "END", "presence_penalty": 0, "frequency_penalty": 0, "response_format": {"type": "text"}},
+    "chat-schema": {"messages": [{"role": "user", "content": "A book?"}],
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "b", "strict": True, "schema": {
+                        "type": "object", "properties": {"t": {"type": "string", "maxLength": 9},
+                                                         "g": {"enum": ["a", "b"]}}, "required": ["t"]}}}},
+    "chat-tools": {"messages": [{"role": "user", "content": "Weather?"},
+                                {"role": "assistant", "content": None, "tool_calls": [
+                                    {"id": "call_1", "type": "function",
+                                     "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+                   "tools": [{"type": "function", "function": {"name": "w", "parameters": {
+                       "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+                   "tool_choice": "required", "parallel_tool_calls": False},
+}
+
+SCHEMAS = {
+    "nested": {"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer"}, "rating": {"type": "number"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b\"c", 3, None]}, "minItems": 1, "maxItems": 3},
+        "ok": {"type": ["boolean", "null"]}, "next": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/node"}]}},
+        "required": ["title"], "additionalProperties": False,
+        "$defs": {"node": {"type": "object", "properties": {"v": {"const": 1}, "kids": {
+            "type": "array", "items": {"$ref": "#/$defs/node"}}}}}},
+    "pattern": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}(x|yz)?[^\"\\\\]*$"},
+    "any": {"type": "object", "additionalProperties": {"type": "array"}},
+}
+
+GRAMMARS = {
+    "moves": '# moves\nroot ::= move (", " move){0,3} "!"?\nmove ::=\n  [a-h] [1-8] | "O-O" |\n  "\\u00e9" .\n',
+    "json": 'root ::= value\nvalue ::= "{" ws (pair ("," ws pair)*)? "}" | "[" ws (value ("," ws value)*)? "]"'
+            ' | "\\"" [^"\\\\]* "\\"" | [0-9]+ | "null"\npair ::= "\\"" [a-z]+ "\\"" ":" ws value\n'
+            'ws ::= [ \\t\\n]?\n',
 }
 
 
@@ -193,6 +226,10 @@ def main():
         put("http_head", name, data)
     for name, body in JSON.items():
         put("json_request", name, json.dumps(body, ensure_ascii=False).encode())
+    for name, schema in SCHEMAS.items():
+        put("json_schema", name, json.dumps(schema, ensure_ascii=False).encode())
+    for name, text in GRAMMARS.items():
+        put("gbnf", name, text.encode())
     total = sum(p.stat().st_size for p in SEEDS.rglob("*") if p.is_file())
     print(f"seeds: {total} bytes in {SEEDS}")
 
