@@ -125,30 +125,11 @@ impl Sampler {
     /// candidates left by the filters with their (unnormalised) weights.
     pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Distribution {
         let c = &self.config;
-        let mut logits = logits.to_vec();
-        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
-            let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
-            let mut seen = std::collections::HashSet::new();
-            for &t in recent {
-                if (t as usize) < logits.len() && seen.insert(t) {
-                    let v = &mut logits[t as usize];
-                    *v = if *v > 0.0 { *v / c.repeat_penalty } else { *v * c.repeat_penalty };
-                }
-            }
-        }
+        let logits = self.penalized(logits, history);
         if c.temperature <= 0.0 {
             return Distribution::Greedy(argmax(&logits));
         }
-        // Candidates sorted by logit (ties: lower id first), cut to top-k.
-        // (a token masked out by a grammar has a logit of −∞: never a candidate)
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, &v)| v > f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
-        let k = if c.top_k == 0 { cand.len() } else { c.top_k.min(cand.len()) };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            cand.truncate(k);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let cand = ranked(&logits, c.top_k);
         // Temperature and softmax (in f64).
         let max = cand[0].1 as f64;
         let mut probs: Vec<f64> = cand.iter().map(|&(_, v)| ((v as f64 - max) / c.temperature as f64).exp()).collect();
@@ -172,6 +153,30 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
         }
         Distribution::Weights(cand[..keep].iter().zip(&probs).map(|(&(id, _), &p)| (id, p)).collect())
+    }
+
+    /// `logits` after the repetition penalty.
+    fn penalized(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        let c = &self.config;
+        let mut logits = logits.to_vec();
+        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
+            let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
+            let mut seen = std::collections::HashSet::new();
+            for &t in recent {
+                if (t as usize) < logits.len() && seen.insert(t) {
+                    let v = &mut logits[t as usize];
+                    *v = if *v > 0.0 { *v / c.repeat_penalty } else { *v * c.repeat_penalty };
+                }
+            }
+        }
+        logits
+    }
+
+    /// The `k` tokens with the highest logits after the repetition penalty,
+    /// highest first (ties: lower id first, as `argmax` and the sampling
+    /// order break them).
+    pub fn best(&self, logits: &[f32], history: &[u32], k: usize) -> Vec<u32> {
+        ranked(&self.penalized(logits, history), k.max(1)).into_iter().map(|(id, _)| id).collect()
     }
 
     /// One token drawn from `weights` (in their order, by one uniform number).
@@ -246,6 +251,21 @@ impl Distribution {
             Distribution::Weights(w) => w[0].0,
         }
     }
+}
+
+/// Candidates sorted by logit (ties: lower id first), cut to the best `k`
+/// (0: all). A token masked out by a grammar has a logit of −∞: never a
+/// candidate.
+fn ranked(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> =
+        logits.iter().enumerate().filter(|(_, &v)| v > f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
+    let k = if k == 0 { cand.len() } else { k.min(cand.len()) };
+    if k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        cand.truncate(k);
+    }
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand
 }
 
 fn normalised(weights: &[(u32, f64)]) -> Vec<(u32, f64)> {

@@ -181,8 +181,9 @@ impl Decoding {
     /// continue the output). The sampler's filters (top-k, top-p, min-p)
     /// pick the candidates from the model's distribution as without a
     /// grammar, and the grammar keeps those that can continue the output
-    /// (greedy: the one; checked token by token, or by the mask when there
-    /// are many). Only when it keeps none are the logits masked first (every
+    /// (checked token by token, or by the mask when there are many); greedy
+    /// takes the first of the 64 best tokens it allows (the argmax of the
+    /// masked logits: the same order and ties). Only when it keeps none are the logits masked first (every
     /// token that cannot continue the output at −∞) and the filters applied
     /// to what is left. End-of-text ids may follow only a whole match.
     fn constrained_distribution(&mut self, logits: &[f32]) -> Option<Distribution> {
@@ -201,6 +202,13 @@ impl Decoding {
         };
         match self.sampler.distribution(logits, &self.history) {
             Distribution::Greedy(id) if ok(c, id, false) => return Some(Distribution::Greedy(id)),
+            Distribution::Greedy(_) => {
+                // the best allowed token is the masked logits' argmax
+                let best = self.sampler.best(logits, &self.history, CHECKED_ONE_BY_ONE);
+                if let Some(id) = best.into_iter().find(|&id| ok(c, id, false)) {
+                    return Some(Distribution::Greedy(id));
+                }
+            }
             Distribution::Weights(w) => {
                 let many = w.len() > CHECKED_ONE_BY_ONE;
                 let kept: Vec<(u32, f64)> = w.into_iter().filter(|&(id, _)| ok(c, id, many)).collect();
@@ -208,7 +216,6 @@ impl Decoding {
                     return Some(Distribution::Weights(kept));
                 }
             }
-            Distribution::Greedy(_) => {}
         }
         let mut masked = logits.to_vec();
         let mut any = false;
@@ -487,4 +494,78 @@ pub fn verify(
         }
     }
     unreachable!("the last row has no guess, so its token ends the loop")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::grammar::{schema, Vocab};
+    use crate::test_rng::Rng;
+
+    /// Decoding under a JSON Schema over a vocabulary of the ASCII bytes and
+    /// a few longer pieces, on random logits: greedy takes the argmax of the
+    /// masked logits (the first of the highest, as `argmax`), sampling only
+    /// ever takes allowed tokens (with top-k, and over the whole vocabulary),
+    /// and the output is complete when decoding stops.
+    #[test]
+    fn constrained_decoding_takes_the_masked_argmax_and_only_allowed_tokens() {
+        let mut pieces: Vec<Box<[u8]>> = (0u8..128).map(|b| vec![b].into_boxed_slice()).collect();
+        for p in ["{\"", "\":", "\",\"", "true", "false", "12", "\"}", "}"] {
+            pieces.push(p.as_bytes().into());
+        }
+        let n = pieces.len();
+        let vocab = Arc::new(Vocab::from_pieces(pieces, false));
+        let s = serde_json::json!({"type": "object", "properties": {"a": {"type": "boolean"},
+            "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}}, "required": ["a"]});
+        let grammar = Arc::new(schema::compile(&s).unwrap());
+        let mut rng = Rng(5);
+        for (temperature, top_k) in [(0.0, 40), (1.0, 40), (1.0, 0)] {
+            for round in 0..20 {
+                let params = DecodeParams {
+                    max_tokens: 200,
+                    sampler: SamplerConfig {
+                        temperature,
+                        top_k,
+                        top_p: 1.0,
+                        min_p: 0.0,
+                        seed: round,
+                        ..Default::default()
+                    },
+                    stop_ids: Vec::new(),
+                    stop_strings: Vec::new(),
+                    constrained: Some(Constrained { grammar: grammar.clone(), vocab: vocab.clone() }),
+                };
+                let mut d = Decoding::new(&[], &params);
+                let mut shadow = Constraint::new(grammar.clone(), vocab.clone());
+                let mut done = false;
+                for _ in 0..200 {
+                    let logits: Vec<f32> = (0..n).map(|_| rng.f32() * 4.0).collect();
+                    let mask = shadow.mask();
+                    let masked: Vec<f32> = logits
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| if allowed(&mask, i as u32) { v } else { f32::NEG_INFINITY })
+                        .collect();
+                    match d.next(&logits, None, true) {
+                        Next::Token { id, finish, .. } => {
+                            assert!(allowed(&mask, id), "token {id} is not allowed");
+                            if temperature == 0.0 {
+                                assert_eq!(id, crate::sampler::argmax(&masked));
+                            }
+                            assert!(shadow.accept(id));
+                            if finish.is_some() {
+                                assert_eq!(finish, Some(Finish::Stop));
+                                done = true;
+                                break;
+                            }
+                        }
+                        Next::End(f) => panic!("ended without a token: {f:?}"),
+                    }
+                }
+                assert!(done && shadow.complete(), "the output ends when it is complete");
+            }
+        }
+    }
 }
