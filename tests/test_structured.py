@@ -173,9 +173,14 @@ def test_cli_json_schema_and_grammar(smol_files, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     jsonschema.validate(json.loads(p.stdout), BOOK)
+    p0 = p
     p = subprocess.run([*run, "-p", "Capital of France?", "--json-schema", '{"enum": ["Paris", "Rome"]}'],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and json.loads(p.stdout) in ("Paris", "Rome"), p.stderr
+    # speculative decoding under a schema: the same greedy bytes
+    looked = subprocess.run([*run, "-p", "A book about a lost cat, as JSON.", "--json-schema", schema, "--lookup", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert looked.returncode == 0 and looked.stdout == p0.stdout, looked.stderr
     grammar = tmp_path / "g.gbnf"
     grammar.write_text('# yes or no, then a reason\nroot ::= ("yes" | "no") ", because " [a-z ]{1,40} "."\n')
     p = subprocess.run([*run, "-p", "Is water wet?", "--grammar", grammar], capture_output=True, text=True,
