@@ -113,7 +113,8 @@ def error_of(status_body, status):
     assert st == status, (st, body)
     assert hdrs["content-type"].startswith("application/json")
     err = json.loads(body)["error"]
-    assert isinstance(err["message"], str) and err["message"]
+    assert set(err) == {"message", "type", "code", "param"}
+    assert isinstance(err["message"], str) and err["message"] and "\n" not in err["message"]
     assert isinstance(err["type"], str) and isinstance(err["code"], str)
     return err
 

@@ -3,13 +3,13 @@ context and chat template `/v1/models` reports: against SmolLM2-135M-Instruct
 (its ids checked against Hugging Face `tokenizers` on the model's
 tokenizer.json), and against the tiny llama2 fixture with a small tokenizer
 trained here that adds a BOS token."""
-import http.client
 import json
-import uuid
 
 import pytest
 
-from conftest import FIXTURES, ServerProcess, ml_bin, run_tool
+from conftest import FIXTURES, run_tool
+from test_server import Server as ApiServer
+from test_server import error_of
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -29,33 +29,11 @@ TEXTS = [
 ]
 
 
-class Server(ServerProcess):
-    """A server on a free loopback port (--port 0) for `model` with tokenizer `tokenizer`."""
+class Server(ApiServer):
+    """The API test server (test_server.py) for `model` with tokenizer `tokenizer`, no API key unless given."""
 
     def __init__(self, tmp_path, model, tokenizer, *extra, key=None):
-        self.key = key
-        args = [ml_bin(), "--server", model, "-z", tokenizer, "--port", "0", "-t", "2", *extra]
-        if key:
-            args += ["--api-key", key]
-        super().__init__(args, tmp_path / f"server-{uuid.uuid4().hex[:8]}.log", start_timeout=60, stop_timeout=10)
-
-    def raw(self, method, path, body=None, headers=None, key=True):
-        """(status, headers dict, body bytes) of one plain HTTP request; dicts and lists are sent as JSON."""
-        c = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        h = dict(headers or {})
-        if key and self.key:
-            h["Authorization"] = f"Bearer {self.key}"
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body)
-        if isinstance(body, str):
-            body = body.encode()
-        if body is not None:
-            h.setdefault("Content-Type", "application/json")
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+        super().__init__(tmp_path, (model, tokenizer), *extra, key=key)
 
     def ok(self, path, body):
         """The JSON of a POST that must answer 200."""
@@ -73,18 +51,6 @@ class Server(ServerProcess):
         status, _, data = self.raw("GET", "/v1/models")
         assert status == 200, data
         return json.loads(data)["data"]
-
-
-def error_of(answer, status):
-    """The OpenAI error object of a raw answer, checking its status and shape."""
-    st, hdrs, body = answer
-    assert st == status, (st, body)
-    assert hdrs["content-type"].startswith("application/json")
-    err = json.loads(body)["error"]
-    assert set(err) == {"message", "type", "code", "param"}
-    assert isinstance(err["message"], str) and err["message"] and "\n" not in err["message"]
-    assert isinstance(err["type"], str) and isinstance(err["code"], str)
-    return err
 
 
 def still_serving(srv):

@@ -144,29 +144,8 @@ impl Builder {
     /// One UTF-8 character in one of `ranges` (scalar values, inclusive);
     /// with `negate`, one character in none of them.
     pub fn chars(&mut self, ranges: &[(u32, u32)], negate: bool) -> Result<Sym, String> {
-        let mut set: Vec<(u32, u32)> = ranges.iter().map(|&(a, b)| (a.min(b), a.max(b).min(0x10_ffff))).collect();
-        set.sort_unstable();
-        let mut merged: Vec<(u32, u32)> = Vec::new();
-        for (a, b) in set {
-            match merged.last_mut() {
-                Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
-                _ => merged.push((a, b)),
-            }
-        }
-        if negate {
-            let mut complement = Vec::new();
-            let mut next = 0u32;
-            for &(a, b) in &merged {
-                if a > next {
-                    complement.push((next, a - 1));
-                }
-                next = b + 1;
-            }
-            if next <= 0x10_ffff {
-                complement.push((next, 0x10_ffff));
-            }
-            merged = complement;
-        }
+        let clamped: Vec<(u32, u32)> = ranges.iter().map(|&(a, b)| (a.min(b), a.max(b).min(MAX_CHAR))).collect();
+        let merged = char_set(&clamped, negate);
         let mut alts = Vec::new();
         for (a, b) in merged {
             utf8_sequences(a, b, &mut alts);
@@ -293,6 +272,38 @@ impl Grammar {
         }
         Ok(())
     }
+}
+
+/// The largest scalar value.
+pub(crate) const MAX_CHAR: u32 = 0x10_ffff;
+
+/// The characters in `ranges` (or, with `negate`, in none of them), sorted
+/// and merged into disjoint ranges.
+pub(crate) fn char_set(ranges: &[(u32, u32)], negate: bool) -> Vec<(u32, u32)> {
+    let mut set: Vec<(u32, u32)> = ranges.to_vec();
+    set.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::new();
+    for (a, b) in set {
+        match merged.last_mut() {
+            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    if !negate {
+        return merged;
+    }
+    let mut out = Vec::new();
+    let mut next = 0;
+    for (a, b) in merged {
+        if a > next {
+            out.push((next, a - 1));
+        }
+        next = b + 1;
+    }
+    if next <= MAX_CHAR {
+        out.push((next, MAX_CHAR));
+    }
+    out
 }
 
 /// The UTF-8 encodings of the scalar values `lo..=hi` (surrogates left

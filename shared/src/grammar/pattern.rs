@@ -11,9 +11,8 @@
 //! output is always a string the pattern matches (`\d` makes ASCII digits
 //! only, a subset of what a Unicode-aware validator accepts).
 
-use super::{Builder, Sym};
+use super::{char_set, Builder, Sym};
 
-const MAX_CHAR: u32 = 0x10_ffff;
 /// Counted repetitions above this are refused (they expand into rules).
 const MAX_COUNT: usize = 1000;
 
@@ -249,34 +248,6 @@ impl Parser {
         }
         Ok(Node::Chars(ranges, negate))
     }
-}
-
-/// The characters in `ranges` (or, with `negate`, in none), sorted and merged.
-fn char_set(ranges: &[(u32, u32)], negate: bool) -> Vec<(u32, u32)> {
-    let mut set: Vec<(u32, u32)> = ranges.to_vec();
-    set.sort_unstable();
-    let mut merged: Vec<(u32, u32)> = Vec::new();
-    for (a, b) in set {
-        match merged.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
-            _ => merged.push((a, b)),
-        }
-    }
-    if !negate {
-        return merged;
-    }
-    let mut out = Vec::new();
-    let mut next = 0;
-    for (a, b) in merged {
-        if a > next {
-            out.push((next, a - 1));
-        }
-        next = b + 1;
-    }
-    if next <= MAX_CHAR {
-        out.push((next, MAX_CHAR));
-    }
-    out
 }
 
 /// One character of the set as it is written inside a JSON string.
