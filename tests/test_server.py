@@ -517,7 +517,7 @@ def test_cors_only_for_the_given_origin(small_queue_server):
     ("/v1/completions", {"prompt": [99999999]}, "invalid_value", "prompt"),
     ("/v1/chat/completions", {"messages": "hi"}, "invalid_type", "messages"),
     ("/v1/chat/completions", {"messages": []}, "invalid_value", "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "invalid_value", "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "function", "content": "x"}]}, "invalid_value", "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "invalid_type", "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, "unsupported_value", "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 1},
