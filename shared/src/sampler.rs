@@ -130,6 +130,10 @@ impl Sampler {
             return Distribution::Greedy(argmax(&logits));
         }
         let cand = ranked(&logits, c.top_k);
+        if cand.is_empty() {
+            // every logit −∞ (a grammar's mask left nothing): nothing to weigh
+            return Distribution::Greedy(argmax(&logits));
+        }
         // Temperature and softmax (in f64).
         let max = cand[0].1 as f64;
         let mut probs: Vec<f64> = cand.iter().map(|&(_, v)| ((v as f64 - max) / c.temperature as f64).exp()).collect();
@@ -255,10 +259,10 @@ impl Distribution {
 
 /// Candidates sorted by logit (ties: lower id first), cut to the best `k`
 /// (0: all). A token masked out by a grammar has a logit of −∞: never a
-/// candidate.
+/// candidate (NaN stays one, as it always was).
 fn ranked(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut cand: Vec<(u32, f32)> =
-        logits.iter().enumerate().filter(|(_, &v)| v > f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
+        logits.iter().enumerate().filter(|(_, &v)| v != f32::NEG_INFINITY).map(|(i, &v)| (i as u32, v)).collect();
     let k = if k == 0 { cand.len() } else { k.min(cand.len()) };
     if k < cand.len() {
         cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -299,6 +303,16 @@ mod tests {
         assert!(REPEAT_PENALTY.check(0.0).is_err() && REPEAT_PENALTY.check(f64::NAN).is_err());
         assert_eq!(REPEAT_PENALTY.check(1.1), Ok(1.1));
         assert_eq!(TOP_P.check(2.0).unwrap_err(), "'top_p' must be a number from 0 to 1");
+    }
+
+    #[test]
+    fn nan_and_masked_logits_never_panic() {
+        for temperature in [0.0, 0.8] {
+            let mut s = Sampler::new(SamplerConfig { temperature, ..Default::default() });
+            let _ = s.sample(&[f32::NAN; 5], &[]);
+            assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0], &[]), 2);
+            let _ = s.sample(&[f32::NEG_INFINITY; 3], &[]);
+        }
     }
 
     #[test]

@@ -19,13 +19,16 @@ use crate::tokenizer::bpe::{pair_key, PairHasher};
 /// No node below: the bottom of every stack.
 const BOTTOM: u32 = u32::MAX;
 
-/// The most stack nodes one byte may expand, and the most nodes a matcher
-/// may make: a grammar so ambiguous that one byte leaves more parses than
-/// this (`root ::= x{1000}` with a nullable recursive `x`) would otherwise
-/// take unbounded time and memory. Past either, the parse is cut: the
-/// state is dead and `Matcher::overflowed` says why. JSON Schema grammars
-/// expand tens of nodes a byte.
-const MAX_EXPANDED: usize = 4096;
+/// The most stack nodes one byte may expand, the most parses (stack tops)
+/// a state may hold, and the most nodes a matcher may make: a grammar so
+/// ambiguous that one byte leaves more parses than this (`root ::= x{1000}`
+/// with a nullable recursive `x`, or 500 alternatives that all match the
+/// same byte) would otherwise take unbounded time and memory. Past any of
+/// them, the parse is cut: the state is dead and `Matcher::overflowed` says
+/// why. JSON Schema grammars expand tens of nodes a byte and keep a few
+/// tops (an `enum` of many values is a tree of shared prefixes).
+const MAX_EXPANDED: usize = 1024;
+const MAX_TOPS: usize = 256;
 const MAX_NODES: usize = 1 << 22;
 
 /// Where the parse can be: the stack tops (each at a `Sym::Bytes`), sorted,
@@ -56,6 +59,8 @@ pub struct Matcher {
     visit: u32,
     work: Vec<u32>,
     overflowed: bool,
+    /// Nodes expanded so far (the work a mask did).
+    pub expansions: u64,
 }
 
 impl Matcher {
@@ -68,12 +73,19 @@ impl Matcher {
             visit: 0,
             work: Vec::new(),
             overflowed: false,
+            expansions: 0,
         }
     }
 
-    /// A parse was cut for its size (`MAX_EXPANDED`, `MAX_NODES`).
+    /// A parse was cut for its size (`MAX_EXPANDED`, `MAX_TOPS`,
+    /// `MAX_NODES`), or a mask ran past its budget.
     pub fn overflowed(&self) -> bool {
         self.overflowed
+    }
+
+    /// Marks the matcher cut (a mask ran past its budget).
+    pub fn cut(&mut self) {
+        self.overflowed = true;
     }
 
     fn node(&mut self, pos: u32, below: u32) -> u32 {
@@ -134,18 +146,19 @@ impl Matcher {
         let syms = &g.syms;
         let mut expanded = 0;
         while let Some(id) = self.work.pop() {
+            if self.seen[id as usize] == self.visit {
+                continue;
+            }
+            self.seen[id as usize] = self.visit;
             expanded += 1;
-            if expanded > MAX_EXPANDED || self.nodes.len() > MAX_NODES {
+            self.expansions += 1;
+            if expanded > MAX_EXPANDED || state.tops.len() > MAX_TOPS || self.nodes.len() > MAX_NODES {
                 self.overflowed = true;
                 self.work.clear();
                 state.tops.clear();
                 state.accepting = false;
                 return;
             }
-            if self.seen[id as usize] == self.visit {
-                continue;
-            }
-            self.seen[id as usize] = self.visit;
             let (pos, below) = self.nodes[id as usize];
             match syms[pos as usize] {
                 Sym::Bytes(..) => state.tops.push(id),

@@ -51,11 +51,17 @@ pub struct Grammar {
 /// The most rules a grammar may have (a bound on what one request can make
 /// the server build: repetition counts are expanded into rules).
 pub const MAX_RULES: usize = 20_000;
+/// The most symbols the rules of a grammar may hold in all (each
+/// repetition's copies counted as it makes them), so that a short text
+/// (`"a"{1000} "a"{1000} ...`) cannot make the server build gigabytes.
+pub const MAX_SYMS: usize = 2_000_000;
 
 /// Builds a grammar rule by rule; rules may refer to rules defined later.
 #[derive(Default)]
 pub struct Builder {
     rules: Vec<Option<Vec<Vec<Sym>>>>,
+    /// Symbols made so far (rules defined, repetitions expanded).
+    syms: usize,
 }
 
 impl Builder {
@@ -69,7 +75,15 @@ impl Builder {
     }
 
     pub fn define(&mut self, id: RuleId, alts: Vec<Vec<Sym>>) {
+        self.syms += alts.iter().map(|a| a.len() + 1).sum::<usize>();
         self.rules[id as usize] = Some(alts);
+    }
+
+    fn too_big(&self) -> Result<(), String> {
+        match self.syms > MAX_SYMS {
+            true => Err(format!("the grammar needs more than {MAX_SYMS} symbols")),
+            false => Ok(()),
+        }
     }
 
     /// A rule with these alternatives.
@@ -129,14 +143,16 @@ impl Builder {
             first.extend(more(self, max.map(|m| m - 1))?);
             return Ok(vec![self.optional(first)?]);
         }
+        self.too_big()?;
         let mut out = seq.to_vec();
         for _ in 1..min {
             out.extend_from_slice(sep);
             out.extend_from_slice(seq);
-            if out.len() > 64 * MAX_RULES {
-                return Err(format!("a repetition of {min} times is too long"));
+            if self.syms + out.len() > MAX_SYMS {
+                return Err(format!("the grammar needs more than {MAX_SYMS} symbols"));
             }
         }
+        self.syms += out.len();
         out.extend(more(self, max.map(|m| m - min))?);
         Ok(out)
     }
@@ -160,6 +176,7 @@ impl Builder {
     /// defined, and none may reach itself before reading a byte (the
     /// matcher expands rules eagerly, so left recursion would not end).
     pub fn finish(self, root: RuleId) -> Result<Grammar, String> {
+        self.too_big()?;
         let mut syms = Vec::new();
         let mut alts = Vec::with_capacity(self.rules.len());
         for (id, rule) in self.rules.into_iter().enumerate() {

@@ -9,7 +9,8 @@
 //! the match may begin (or end) anywhere in the string, as JSON Schema
 //! says. Back-references, look-arounds and anchors inside are refused. The
 //! output is always a string the pattern matches (`\d` makes ASCII digits
-//! only, a subset of what a Unicode-aware validator accepts).
+//! only, and `\D \W \S` ASCII characters only: subsets of what a
+//! Unicode-aware validator accepts).
 
 use super::{char_set, Builder, Sym};
 
@@ -181,12 +182,14 @@ impl Parser {
         let word = vec![(48, 57), (65, 90), (95, 95), (97, 122)];
         let space = vec![(9, 13), (32, 32)];
         match self.next()? {
+            // the negations within ASCII: a Unicode-aware validator's \d, \w
+            // and \s also take non-ASCII digits, letters and spaces
             'd' => Ok(Node::Chars(digit, false)),
-            'D' => Ok(Node::Chars(digit, true)),
+            'D' => Ok(Node::Chars(ascii_without(&digit), false)),
             'w' => Ok(Node::Chars(word, false)),
-            'W' => Ok(Node::Chars(word, true)),
+            'W' => Ok(Node::Chars(ascii_without(&word), false)),
             's' => Ok(Node::Chars(space, false)),
-            'S' => Ok(Node::Chars(space, true)),
+            'S' => Ok(Node::Chars(ascii_without(&space), false)),
             'n' => one('\n'),
             't' => one('\t'),
             'r' => one('\r'),
@@ -248,6 +251,11 @@ impl Parser {
         }
         Ok(Node::Chars(ranges, negate))
     }
+}
+
+/// The ASCII characters not in `ranges`.
+fn ascii_without(ranges: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    char_set(ranges, true).into_iter().filter(|&(a, _)| a <= 0x7f).map(|(a, z)| (a, z.min(0x7f))).collect()
 }
 
 /// One character of the set as it is written inside a JSON string.

@@ -12,9 +12,10 @@
 //! The output is compact JSON with at most one space after `:` and `,`
 //! (small models otherwise pad with whitespace); object properties come in
 //! the schema's order, each one in `required` always, the others
-//! optionally; properties beyond the declared ones only where
+//! optionally; other properties only where none is declared and
 //! `additionalProperties` allows them (a schema with no `properties` takes
-//! any object). Numbers have at most 16 digits before and after the point
+//! any object). `enum` and `const` values not of the schema's `type` are
+//! left out, and the values are a tree of shared prefixes. Numbers have at most 16 digits before and after the point
 //! and 3 in the exponent, so that a model cannot run on forever inside one.
 
 use std::collections::HashMap;
@@ -134,10 +135,25 @@ impl<'s, 'b> Compiler<'s, 'b> {
             )?;
             let hex =
                 c.b.chars(&[('0' as u32, '9' as u32), ('a' as u32, 'f' as u32), ('A' as u32, 'F' as u32)], false)?;
+            // \uXXXX, never a surrogate (D800-DFFF): a lone one is not valid
+            // JSON text to every parser, and a pair would be one character
+            // counted as two by `minLength` / `maxLength`
+            let not_d = c.b.chars(&[('d' as u32, 'd' as u32), ('D' as u32, 'D' as u32)], false)?;
+            let first = c.b.chars(
+                &[
+                    ('0' as u32, '9' as u32),
+                    ('a' as u32, 'c' as u32),
+                    ('A' as u32, 'C' as u32),
+                    ('e' as u32, 'f' as u32),
+                    ('E' as u32, 'F' as u32),
+                ],
+                false,
+            )?;
+            let u = c.b.alt(vec![vec![first, hex], vec![not_d, Sym::Bytes(b'0', b'7')]])?;
             Ok(vec![
                 vec![plain],
                 vec![Sym::Bytes(b'\\', b'\\'), escaped],
-                vec![Sym::Bytes(b'\\', b'\\'), Sym::Bytes(b'u', b'u'), hex, hex, hex, hex],
+                vec![Sym::Bytes(b'\\', b'\\'), Sym::Bytes(b'u', b'u'), u, hex, hex],
             ])
         })
     }
@@ -263,17 +279,31 @@ impl<'s, 'b> Compiler<'s, 'b> {
                 return Ok(alts);
             }
         }
-        if let Some(v) = obj.get("const") {
-            only(&["const", "type"])?;
-            return Ok(vec![lit(&v.to_string())]);
-        }
-        if let Some(list) = obj.get("enum") {
-            only(&["enum", "type"])?;
-            let list = list
-                .as_array()
-                .filter(|l| !l.is_empty())
-                .ok_or_else(|| format!("'enum' at {path} is not a non-empty list"))?;
-            return Ok(list.iter().map(|v| lit(&v.to_string())).collect());
+        if obj.contains_key("const") || obj.contains_key("enum") {
+            let key = if obj.contains_key("const") { "const" } else { "enum" };
+            only(&[key, "type"])?;
+            let values: Vec<&Value> = match (key, &obj[key]) {
+                ("const", v) => vec![v],
+                (_, Value::Array(l)) if !l.is_empty() => l.iter().collect(),
+                _ => return Err(format!("'enum' at {path} is not a non-empty list")),
+            };
+            // a value must also be of the schema's `type`, where it gives one
+            let types: Vec<&str> = match obj.get("type") {
+                None => Vec::new(),
+                Some(Value::String(t)) => vec![t.as_str()],
+                Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+                Some(_) => return Err(format!("'type' at {path} is not a string or a list of strings")),
+            };
+            let texts: Vec<String> = values
+                .into_iter()
+                .filter(|v| types.is_empty() || types.iter().any(|t| is_of_type(v, t)))
+                .map(|v| v.to_string())
+                .collect();
+            if texts.is_empty() {
+                return Err(format!("no value of '{key}' at {path} is of its 'type'"));
+            }
+            let words: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+            return self.literals(&words);
         }
         let types: Vec<&str> = match obj.get("type") {
             None => {
@@ -319,6 +349,40 @@ impl<'s, 'b> Compiler<'s, 'b> {
         Ok(alts)
     }
 
+    /// Alternatives matching exactly `words`, as a tree of their shared
+    /// prefixes: a state then holds one parse per distinct next byte, not
+    /// one per word.
+    fn literals(&mut self, words: &[&[u8]]) -> Result<Vec<Vec<Sym>>, String> {
+        let mut words: Vec<&[u8]> = words.to_vec();
+        words.sort_unstable();
+        words.dedup();
+        let mut alts = Vec::new();
+        let mut i = 0;
+        while i < words.len() {
+            let Some(&b) = words[i].first() else {
+                alts.push(Vec::new());
+                i += 1;
+                continue;
+            };
+            let j = i + words[i..].iter().take_while(|w| w.first() == Some(&b)).count();
+            let group = &words[i..j];
+            // the longest prefix the group shares, then the tree of what follows it
+            let shared = (1..=group[0].len())
+                .take_while(|&n| group.iter().all(|w| w.len() >= n && w[..n] == group[0][..n]))
+                .last()
+                .unwrap_or(1);
+            let mut alt: Vec<Sym> = group[0][..shared].iter().map(|&x| Sym::Bytes(x, x)).collect();
+            if group.len() > 1 {
+                let rest: Vec<&[u8]> = group.iter().map(|w| &w[shared..]).collect();
+                let sub = self.literals(&rest)?;
+                alt.push(self.b.alt(sub)?);
+            }
+            alts.push(alt);
+            i = j;
+        }
+        Ok(alts)
+    }
+
     fn object(&mut self, obj: &Map<String, Value>, path: &str, depth: usize) -> Result<Vec<Sym>, String> {
         let props = match obj.get("properties") {
             None => None,
@@ -333,10 +397,16 @@ impl<'s, 'b> Compiler<'s, 'b> {
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(format!("'required' at {path} is not a list")),
         };
+        // other members only where no property is declared: one named like a
+        // declared property would be read in its place
         let extra = match (obj.get("additionalProperties"), props) {
-            (None, None) | (Some(Value::Bool(true)), _) => Some(self.any_value()?),
-            (None | Some(Value::Bool(false)), _) => None,
-            (Some(s), _) => Some(Sym::Rule(self.rule_for(s, &format!("{path}/additionalProperties"), depth + 1)?)),
+            (Some(Value::Bool(_)) | None, Some(_)) | (Some(Value::Bool(false)), None) => None,
+            (Some(Value::Object(_)), Some(_)) => None,
+            (None | Some(Value::Bool(true)), None) => Some(self.any_value()?),
+            (Some(s @ Value::Object(_)), None) => {
+                Some(Sym::Rule(self.rule_for(s, &format!("{path}/additionalProperties"), depth + 1)?))
+            }
+            (Some(_), _) => return Err(format!("'additionalProperties' at {path} is not a boolean or a schema")),
         };
         if let Some(k) = required.iter().find(|k| !props.is_some_and(|p| p.contains_key(**k))) {
             return Err(format!(
@@ -476,6 +546,20 @@ fn resolve<'v>(root: &'v Value, r: &str) -> Option<&'v Value> {
     }
     let name = name.replace("~1", "/").replace("~0", "~");
     root.get(section)?.get(&name)
+}
+
+/// Whether `v` is of JSON Schema type `t`.
+fn is_of_type(v: &Value, t: &str) -> bool {
+    match t {
+        "string" => v.is_string(),
+        "number" => v.is_number(),
+        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|x| x.fract() == 0.0),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        _ => false,
+    }
 }
 
 /// A non-negative integer keyword (`minItems`, `maxLength`, …).

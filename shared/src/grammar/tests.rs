@@ -231,3 +231,35 @@ fn pathological_ambiguity_is_cut_not_hung() {
     }
     assert!(started.elapsed().as_secs() < 10, "took {:?}", started.elapsed());
 }
+
+#[test]
+fn review_findings_stay_fixed() {
+    // a short text cannot make a huge grammar
+    let big = "root ::= ".to_string() + &"\"a\"{1000} ".repeat(3000);
+    let started = std::time::Instant::now();
+    assert!(gbnf::compile(&big).unwrap_err().contains("symbols"));
+    // 500 alternatives matching the same byte: more parses than kept, refused
+    let alts = vec!["[ -~]"; 500].join(" | ");
+    assert!(gbnf::compile(&format!("root ::= x{{1000}}\nx ::= {alts}\n")).is_err());
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    // enum and const values keep to the type
+    let e = schema(json!({"type": "string", "enum": ["a", 1]}));
+    assert!(matches(&e, br#""a""#) && !matches(&e, b"1"));
+    assert!(schema::compile(&json!({"type": "integer", "const": "x"})).is_err());
+    // declared properties are not repeated as additional ones
+    let a = schema(json!({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true}));
+    assert!(!matches(&a, br#"{"a":"x"}"#) && matches(&a, br#"{"a":1}"#) && !matches(&a, br#"{"a":1,"a":"x"}"#));
+    // no surrogate escapes; other \u escapes are fine
+    let s = schema(json!({"type": "string", "minLength": 2}));
+    assert!(!matches(&s, br#""\ud83d\ude00""#) && !matches(&s, br#""\ud800x""#) && matches(&s, br#""\u00e9\uFFFD""#));
+    // \S \W \D are ASCII only (a Unicode-aware validator refuses U+00A0 for \S)
+    let p = schema(json!({"type": "string", "pattern": "^\\S\\W\\D$"}));
+    assert!(matches(&p, br#""a!x""#) && !matches(&p, "\"\u{a0}!x\"".as_bytes()) && !matches(&p, "\"aéx\"".as_bytes()));
+    // a large enum is a tree of shared prefixes, not 5000 parses
+    let values: Vec<String> = (0..5000).map(|i| format!("value-{i:05}")).collect();
+    let big_enum = schema(json!({"type": "object", "properties": {"c": {"enum": values}}, "required": ["c"]}));
+    let mut m = Matcher::new(Arc::clone(&big_enum));
+    let start = m.start();
+    let end = m.advance_bytes(&start, br#"{"c":"value-04999"}"#);
+    assert!(end.accepting && !m.overflowed());
+}

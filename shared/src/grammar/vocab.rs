@@ -117,8 +117,15 @@ pub struct Constraint {
     depth: Vec<State>,
 }
 
-/// Masks kept per request at most (each is a bit per token).
-const MAX_CACHED_MASKS: usize = 4096;
+/// Bytes of masks kept per request at most (a bit per token each: 19 KB
+/// for a vocabulary of 152k).
+const MAX_CACHED_MASK_BYTES: usize = 16 << 20;
+
+/// Stack nodes one mask may expand (about a second of work): a grammar
+/// whose parses multiply over the vocabulary's bytes is cut past it, not
+/// left to hold the server's worker. JSON Schema masks expand a few
+/// hundred thousand on a 150k vocabulary.
+const MASK_BUDGET: u64 = 20_000_000;
 
 impl Constraint {
     pub fn new(grammar: Arc<Grammar>, vocab: Arc<Vocab>) -> Constraint {
@@ -183,7 +190,14 @@ impl Constraint {
         let mut valid = 0usize;
         // a dead prefix length: every token sharing it is dead too
         let mut dead: Option<usize> = None;
+        let budget_end = self.matcher.expansions + MASK_BUDGET;
         for (i, &id) in sorted.ids.iter().enumerate() {
+            if self.matcher.expansions > budget_end {
+                // cut: no token continues a parse this costly
+                self.matcher.cut();
+                mask.fill(0);
+                break;
+            }
             let bytes = vocab.bytes(id, self.first);
             let shared = sorted.lcp[i] as usize;
             if let Some(d) = dead {
@@ -211,7 +225,7 @@ impl Constraint {
             }
         }
         let mask = Arc::new(mask);
-        if self.masks.len() < MAX_CACHED_MASKS {
+        if (self.masks.len() + 1) * mask.len() * 8 <= MAX_CACHED_MASK_BYTES {
             self.masks.insert(key, Arc::clone(&mask));
         }
         mask
