@@ -129,7 +129,7 @@ def test_auto_and_none_answer_text_or_valid_calls(server):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
     ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "number", "minimum": 1}}}}}]},
+        "type": "object", "properties": {"x": {"type": "number", "minimum": 1}}}}}], "tool_choice": "required"},
      "tools[0].function.parameters", "'minimum'"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "function"),
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name", "two tools"),

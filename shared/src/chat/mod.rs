@@ -246,6 +246,9 @@ fn with_tools_written(syntax: CallSyntax, messages: &[Message], tools: &[Tool]) 
             Role::Assistant if !m.tool_calls.is_empty() => {
                 m.content = syntax.calls_text(&m.content, &m.tool_calls)?;
             }
+            Role::Tool if syntax == CallSyntax::Llama3 => {
+                m.content = syntax.result_text(&m.content, &m.tool_call_id);
+            }
             Role::Tool if syntax == CallSyntax::Hermes => {
                 let result = syntax.result_text(&m.content, &m.tool_call_id);
                 match out.last_mut() {
@@ -420,7 +423,7 @@ mod tests {
         assert!(llama.ends_with(
             "Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n\
              {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>\
-             <|start_header_id|>ipython<|end_header_id|>\n\n{\"temp\": 18}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+             <|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"temp\\\": 18}\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         ));
         assert_eq!(
             Template::Mistral.format_with_tools(None, &conv, &tools).unwrap(),

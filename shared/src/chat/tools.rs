@@ -224,7 +224,8 @@ impl CallSyntax {
     pub fn result_text(self, content: &str, call_id: &str) -> String {
         match self {
             CallSyntax::Hermes => format!("<tool_response>\n{content}\n</tool_response>"),
-            CallSyntax::Llama3 => content.to_string(),
+            // the template writes a string result as JSON (`tojson`)
+            CallSyntax::Llama3 => py_json(&Value::String(content.to_string()), None),
             CallSyntax::Mistral => format!(
                 "[TOOL_RESULTS] {{\"content\": {}, \"call_id\": {}}}[/TOOL_RESULTS]",
                 match serde_json::from_str::<Value>(content) {
@@ -273,7 +274,13 @@ impl CallSyntax {
                 (one, lit("\n"), vec![], vec![])
             }
             CallSyntax::Llama3 => (vec![call], vec![], vec![], vec![]),
-            CallSyntax::Mistral => (vec![call], lit(", "), lit(" ["), lit("]")),
+            CallSyntax::Mistral => {
+                // the model's first token is `▁[`, whose space the tokenizer drops at
+                // the start of an output: the space may or may not be there
+                let mut open = vec![b.optional(lit(" "))?];
+                open.extend(lit("["));
+                (vec![call], lit(", "), open, lit("]"))
+            }
         };
         let max = if parallel && self != CallSyntax::Llama3 { MAX_PARALLEL_CALLS } else { 1 };
         let mut root = open;
@@ -314,6 +321,8 @@ impl CallSyntax {
                 (!calls.is_empty() && cut_off).then(|| (text[..start].trim_end().to_string(), calls))
             }
             CallSyntax::Llama3 => {
+                // a call may follow `<|python_tag|>` (a control token, shown as text)
+                let text = text.trim_start().strip_prefix("<|python_tag|>").unwrap_or(text);
                 let v: Value = serde_json::from_str(text.trim()).ok()?;
                 Some((String::new(), vec![known(&v, "parameters")?]))
             }

@@ -475,11 +475,6 @@ fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
                         format!("two tools are named '{}'", name.escape_debug()),
                     ));
                 }
-                if let Some(params) = func.get("parameters") {
-                    let pp = format!("{fp}.parameters");
-                    grammar::schema::compile(params)
-                        .map_err(|e| ApiError::field("invalid_value", &pp, format!("'{pp}': {e}")))?;
-                }
                 tools.push(Tool { name, function: func.clone() });
             }
         }
@@ -527,6 +522,20 @@ fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
             ))
         }
         _ => {}
+    }
+    // the schemas a call is generated under must compile (only those: with
+    // `auto` the schemas are shown to the model, not followed)
+    for (i, t) in tools.iter().enumerate() {
+        let forced = match &choice {
+            ToolChoice::Required => true,
+            ToolChoice::Function(name) => &t.name == name,
+            _ => false,
+        };
+        if let (true, Some(params)) = (forced, t.parameters()) {
+            let pp = format!("tools[{i}].function.parameters");
+            grammar::schema::compile(params)
+                .map_err(|e| ApiError::field("invalid_value", &pp, format!("'{pp}': {e}")))?;
+        }
     }
     let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
     Ok((tools, choice, parallel))
@@ -1020,7 +1029,7 @@ mod tests {
         assert_eq!(code(r#"{"prompt":"x","stream_options":{"include_usage":true}}"#, false), "invalid_value");
         assert_eq!(code(r#"{"messages":"hi"}"#, true), "invalid_type");
         assert_eq!(code(r#"{"messages":[]}"#, true), "invalid_value");
-        assert_eq!(code(r#"{"messages":[{"role":"tool","content":"x"}]}"#, true), "invalid_value");
+        assert_eq!(code(r#"{"messages":[{"role":"function","content":"x"}]}"#, true), "invalid_value");
         assert_eq!(code(r#"{"messages":[{"role":"user"}]}"#, true), "missing_parameter");
         assert_eq!(
             code(r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#, true),
