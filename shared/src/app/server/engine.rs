@@ -101,6 +101,10 @@ pub struct Job {
     /// Set by the connection when its client disconnects (or its deadline
     /// passed while it waited).
     pub cancel: Arc<AtomicBool>,
+    /// True while the job waits in the queue; the first to clear it (the
+    /// worker taking it, or its connection withdrawing it) counts it out of
+    /// the queue.
+    pub queued: Arc<AtomicBool>,
     pub received: Instant,
 }
 
@@ -137,6 +141,16 @@ impl Queue {
             return false;
         }
         true
+    }
+
+    /// A waiting job leaves the queue now (its deadline passed or its client
+    /// went away), so that its place goes to the next request rather than
+    /// waiting for a slot to free; the worker drops it when it comes to it.
+    pub fn withdraw(&self, queued: &AtomicBool) {
+        if queued.swap(false, Ordering::SeqCst) {
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -267,6 +281,10 @@ impl Engine {
 
     /// Puts `job` into the free slot whose cache its prompt continues, else the slot idle longest.
     fn admit(&mut self, job: Job) {
+        if !job.queued.swap(false, Ordering::SeqCst) {
+            // withdrawn by its connection, which counted it out
+            return;
+        }
         self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
         if job.cancel.load(Ordering::SeqCst) {
             self.accepted.fetch_sub(1, Ordering::SeqCst);

@@ -160,6 +160,7 @@ fn run(
     };
     let (tx, rx) = channel();
     let cancel = Arc::new(AtomicBool::new(false));
+    let queued = Arc::new(AtomicBool::new(true));
     let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
     let job = Job {
         id: meta.id.clone(),
@@ -168,6 +169,7 @@ fn run(
         params: greq.params.clone(),
         events: tx,
         cancel: cancel.clone(),
+        queued: queued.clone(),
         received,
     };
     if !srv.queue.submit(job) {
@@ -197,11 +199,14 @@ fn run(
             Ok(ev) => ev,
             Err(RecvTimeoutError::Timeout) => {
                 if http::peer_closed(stream) {
+                    srv.queue.withdraw(&queued);
                     return hang_up();
                 }
                 if !started && deadline.is_some_and(|d| Instant::now() >= d) {
-                    // Its deadline passed while it waited for a slot: the worker will skip it.
-                    // Nothing was sent yet (a stream's head goes out when it gets a slot).
+                    // Its deadline passed while it waited for a slot: it leaves the queue
+                    // (the worker will skip it). Nothing was sent yet (a stream's head goes
+                    // out when it gets a slot).
+                    srv.queue.withdraw(&queued);
                     hang_up();
                     let e = ApiError::new(
                         503,
