@@ -32,6 +32,7 @@ impl Model {
         let mut k = vec![0.0f32; n_tok * kv_dim];
         let mut v = vec![0.0f32; n_tok * kv_dim];
         let (wq, wk, wv) = (self.mat(&w.q), self.mat(&w.k), self.mat(&w.v));
+        self.record(l, &["attn_q", "attn_k", "attn_v"], xn, c.hidden_size);
         matmul_group(&mut [(&wq, &mut q[..]), (&wk, &mut k[..]), (&wv, &mut v[..])], &input);
         add_bias_rows(&mut q, w.q_bias.as_deref());
         add_bias_rows(&mut k, w.k_bias.as_deref());
@@ -76,6 +77,7 @@ impl Model {
                 *a *= 1.0 / (1.0 + libm::expf(-*g));
             }
         }
+        self.record(l, &["attn_o"], &att, c.q_dim());
         matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
     }
 }

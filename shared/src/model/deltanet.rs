@@ -31,6 +31,7 @@ impl Model {
         let mut b = vec![0.0f32; n_tok * nv];
         let mut a = vec![0.0f32; n_tok * nv];
         let (wqkv, wz, wb, wa) = (self.mat(&w.qkv), self.mat(&w.z), self.mat(&w.b), self.mat(&w.a));
+        self.record(l, &["ssm_qkv", "ssm_z", "ssm_b", "ssm_a"], xn, c.hidden_size);
         matmul_group(&mut [(&wqkv, &mut mixed[..]), (&wz, &mut z[..]), (&wb, &mut b[..]), (&wa, &mut a[..])], &input);
 
         let mut core = vec![0.0f32; n_tok * dn.value_dim()]; // [T][nv·dv]
@@ -85,6 +86,7 @@ impl Model {
                 });
             }
         }
+        self.record(l, &["ssm_out"], &core, dn.value_dim());
         matmul(&self.mat(&w.out), &Input::new(&core, dn.value_dim()), out);
     }
 }

@@ -89,6 +89,7 @@ impl Model {
             // ---- feed-forward ----
             rmsnorm_rows(&x, &layer.ffn_norm, c.norm_eps, &mut xn, d);
             let input = Input::new(&xn, d);
+            self.record(l, &["ffn_gate", "ffn_up"], &xn, d);
             let (wg, wu) = (self.mat(&layer.ffn_gate), self.mat(&layer.ffn_up));
             matmul_group(&mut [(&wg, &mut gate[..]), (&wu, &mut up[..])], &input);
             gate.par_chunks_mut(c.ffn_dim).zip(up.par_chunks(c.ffn_dim)).with_min_len(8).for_each(|(g, u)| {
@@ -97,6 +98,7 @@ impl Model {
                     Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
                 }
             });
+            self.record(l, &["ffn_down"], &gate, c.ffn_dim);
             matmul(&self.mat(&layer.ffn_down), &Input::new(&gate, c.ffn_dim), &mut proj);
             if let Some(w) = &layer.ffn_post_norm {
                 let tmp = proj.clone();

@@ -19,6 +19,7 @@ mod attention;
 mod config;
 mod deltanet;
 mod forward;
+mod input_stats;
 mod kvcache;
 mod rope;
 mod state;
@@ -26,6 +27,7 @@ mod weights;
 
 pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle};
 pub use forward::Segment;
+pub use input_stats::InputStats;
 pub use kvcache::KvType;
 pub use state::State;
 pub use weights::{LoadOptions, WeightCopies};
@@ -41,6 +43,8 @@ pub struct Model {
     output_norm: Vec<f32>, // [D]
     output: Matrix,        // [V, D] (token_embd when tied)
     layers: Vec<Layer>,
+    /// What each matrix's inputs were, when recorded (`record_inputs`).
+    input_stats: Option<InputStats>,
 }
 
 /// Which positions of a forward call need logits.
@@ -90,6 +94,24 @@ impl Model {
             repacked: a.repacked + c.repacked,
             deinterleaved: a.deinterleaved + c.deinterleaved,
         })
+    }
+
+    /// From now on, adds every matrix's inputs to `input_stats`.
+    pub fn record_inputs(&mut self) {
+        self.input_stats.get_or_insert_with(InputStats::default);
+    }
+
+    /// The inputs recorded since `record_inputs`.
+    pub fn input_stats(&self) -> Option<&InputStats> {
+        self.input_stats.as_ref()
+    }
+
+    /// Records `x` (rows `cols` wide) as the input of layer `l`'s matrices `kinds`.
+    fn record(&self, l: usize, kinds: &[&str], x: &[f32], cols: usize) {
+        if let Some(s) = &self.input_stats {
+            let names: Vec<String> = kinds.iter().map(|k| format!("blk.{l}.{k}")).collect();
+            s.add(&names, x, cols);
+        }
     }
 
     /// Number of weights (parameters) in the file.

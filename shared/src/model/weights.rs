@@ -264,7 +264,7 @@ impl Model {
                 ffn_post_norm: sandwich("ffn_post_norm")?,
             });
         }
-        Ok(Model { file, config, token_embd, output_norm, output, layers })
+        Ok(Model { file, config, token_embd, output_norm, output, layers, input_stats: None })
     }
 
     /// Borrow a stored matrix in its type. Alignment and size were checked at load.
