@@ -10,7 +10,7 @@ use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt;
 use crate::grammar::{gbnf, schema, Constraint, Grammar, Vocab};
-use crate::import::{gguf::import_model, tokenizer::import_tokenizer, ConvertType};
+use crate::import::{gguf::import_model, tokenizer::import_tokenizer, ConvertType, ImportOptions};
 use crate::model::Config;
 use crate::tokenizer::Tokenizer;
 
@@ -79,7 +79,7 @@ pub fn gguf(data: &[u8]) {
         Ok(tok) => exercise(&tok),
         Err(e) => one_line(&e),
     }
-    match import_model(g, ConvertType::Auto) {
+    match import_model(g, &ImportOptions::new(ConvertType::Auto)) {
         Ok(m) => {
             if let Err(e) = Config::from_mlb(&m) {
                 one_line(&e);
@@ -149,6 +149,35 @@ fn grammar_run(g: Grammar, data: &[u8]) {
     }
 }
 
+/// An importance matrix (`--imatrix`): when it parses, it writes back to the
+/// same bytes, and every entry's weights drive a fitted Q4_0 quantisation of
+/// a row of its width (finite blocks, never worse than the max rule's error
+/// weighted the same way is checked by the unit tests).
+pub fn imatrix(data: &[u8]) {
+    match crate::import::imatrix::Imatrix::from_bytes(data) {
+        Ok(m) => {
+            assert_eq!(m.to_bytes(), data, "an importance matrix does not write back to its bytes");
+            for (name, (_, w)) in m.entries.iter().take(4) {
+                let cols = w.len() / crate::quant::QK * crate::quant::QK;
+                if cols == 0 || cols > 1 << 16 {
+                    continue;
+                }
+                let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
+                let mut out = vec![crate::quant::BlockQ4_0::default(); cols / crate::quant::QK];
+                let weights = m.weights(name, w.len()).map(|w| &w[..cols]);
+                crate::import::quantize::quantize_q4_0(
+                    &x,
+                    cols,
+                    crate::import::quantize::Q4Rule::Fit,
+                    weights,
+                    &mut out,
+                );
+            }
+        }
+        Err(e) => one_line(&e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Every committed seed of every fuzz target runs through its entry
@@ -205,7 +234,7 @@ mod tests {
             let g = Gguf::from_bytes(bytes, &name).unwrap();
             Tokenizer::build(import_tokenizer(&g).unwrap()).unwrap();
             if name.ends_with("llama-1layer.gguf") {
-                Config::from_mlb(&import_model(g, ConvertType::Auto).unwrap()).unwrap();
+                Config::from_mlb(&import_model(g, &ImportOptions::new(ConvertType::Auto)).unwrap()).unwrap();
             }
         }
     }

@@ -14,9 +14,12 @@ use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt::{self, RawTokenizer};
 use crate::format::write_atomic;
-use crate::import::gguf::import_model;
+use crate::import::calibrate;
+use crate::import::gguf::{import_model, makes_q4};
+use crate::import::imatrix::Imatrix;
+use crate::import::quantize::Q4Rule;
 use crate::import::tokenizer::import_tokenizer;
-use crate::import::ConvertType;
+use crate::import::{ConvertType, ImportOptions};
 use crate::kernels::ISA;
 use crate::model::{KvType, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
@@ -50,6 +53,16 @@ impl ValueEnum for ChatChoice {
     }
 }
 
+/// A percentage from 0 to 1000.
+fn percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not within 0..=1000"))
+    }
+}
+
 /// Options of every mode that runs a model.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -60,6 +73,24 @@ pub struct RunArgs {
     /// K-quants) become at load [default: auto].
     #[arg(long = "type", value_enum)]
     pub convert_type: Option<ConvertType>,
+    /// GGUF models: convert the types Krafla reads too (Q4_K, Q6_K, Q8_0, F16 ...) to
+    /// --type q8_0 or q4_0, from their dequantised values (llama-quantize --allow-requantize).
+    #[arg(long)]
+    pub requantize: bool,
+    /// GGUF models: how Q4_0 scales are chosen (docs/QUANT.md).
+    #[arg(long = "q4-scale", value_enum, default_value_t = Q4Rule::Fit)]
+    pub q4_scale: Q4Rule,
+    /// GGUF models: weight the fitted Q4_0 search by this importance matrix (written by
+    /// ml_run --imatrix-out) instead of the one measured at load on the built-in text.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_imatrix")]
+    pub imatrix: Option<PathBuf>,
+    /// GGUF models, --type q4_mixed: the extra bytes its Q8_0 matrices may take, in percent of
+    /// the q4_0 model's weight bytes.
+    #[arg(long, value_name = "PERCENT", default_value_t = 15.0, value_parser = percent)]
+    pub mixed_budget: f64,
+    /// GGUF models: no importance matrix for Q4_0 (no calibration run at load; a worse file).
+    #[arg(long)]
+    pub no_imatrix: bool,
     /// Write the model as loaded to an .mlb file (the next start maps it).
     #[arg(long, value_name = "OUT.mlb")]
     pub save: Option<PathBuf>,
@@ -137,17 +168,53 @@ impl RunArgs {
         Ok((file, tokenizer))
     }
 
+    /// How a GGUF model is converted: `--type`, `--requantize`, `--q4-scale`, `--imatrix`.
+    pub fn import_options(&self) -> Result<ImportOptions, String> {
+        let imatrix = match &self.imatrix {
+            Some(path) => {
+                let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+                Some(Arc::new(Imatrix::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))?))
+            }
+            None => None,
+        };
+        Ok(ImportOptions {
+            ctype: self.convert_type.unwrap_or(ConvertType::Auto),
+            requantize: self.requantize,
+            q4_rule: self.q4_scale,
+            imatrix,
+            mixed_budget: self.mixed_budget / 100.0,
+        })
+    }
+
     /// The model (converted on the current thread pool if it is GGUF),
     /// checked against the tokenizer when there is one; `--save` writes it.
-    pub fn load_model(&self, file: ModelFile, tokenizer: Option<&Tokenizer>) -> Result<Arc<Model>, String> {
+    /// With `record_inputs`, the model records what its matrices see.
+    pub fn load_model(
+        &self,
+        file: ModelFile,
+        tokenizer: Option<&Tokenizer>,
+        record_inputs: bool,
+    ) -> Result<Arc<Model>, String> {
         let mlb = match file {
             ModelFile::Mlb(path) => Mlb::open(&path)?,
-            ModelFile::Gguf(g) => import_model(*g, self.convert_type.unwrap_or(ConvertType::Auto))?,
+            ModelFile::Gguf(g) => {
+                let mut opts = self.import_options()?;
+                let weighted = opts.q4_rule == Q4Rule::Fit && !self.no_imatrix;
+                if let (None, true, Some(tok)) = (&opts.imatrix, weighted, tokenizer) {
+                    if makes_q4(&g, &opts)? {
+                        opts.imatrix = Some(Arc::new(calibrate::imatrix(Path::new(&g.path), tok)?));
+                    }
+                }
+                import_model(*g, &opts)?
+            }
         };
         if let Some(path) = &self.save {
             mlb.save(path)?;
         }
-        let model = Model::from_mlb(Arc::new(mlb), LoadOptions { repack: !self.no_repack })?;
+        let mut model = Model::from_mlb(Arc::new(mlb), LoadOptions { repack: !self.no_repack })?;
+        if record_inputs {
+            model.record_inputs();
+        }
         if let Some(t) = tokenizer {
             check_vocab_sizes(t.vocab_size(), model.config.vocab_size)?;
         }

@@ -11,7 +11,7 @@ use crate::format::mlb::Mlb;
 use crate::generate::{DraftModel, Sequence, Source, Speculator};
 use crate::import::gguf::import_model;
 use crate::import::tokenizer::import_tokenizer;
-use crate::import::ConvertType;
+use crate::import::{ConvertType, ImportOptions};
 use crate::model::{LayerKind, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
 
@@ -76,7 +76,7 @@ impl SpecArgs {
                 if let (Some(t), Ok(d)) = (tokenizer, &draft_tokenizer) {
                     same_vocabulary(t, d).map_err(|e| format!("--draft {shown}: {e}"))?;
                 }
-                import_model(*g, ConvertType::Auto)?
+                import_model(*g, &ImportOptions::new(ConvertType::Auto))?
             }
         };
         let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;

@@ -9,11 +9,12 @@ use rayon::prelude::*;
 
 use super::dequant::dequantize;
 use super::families::{self, Family, FULL, SLIDING};
-use super::quantize::{quantize_q4_0, quantize_q8_0};
-use super::ConvertType;
+use super::mixed;
+use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule};
+use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
-use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
+use crate::quant::{dequant_q4, BlockQ4_0, BlockQ8_0, QK};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -49,10 +50,17 @@ const REQUIRED_GEMMA: &[&str] = &["post_attention_norm.weight", "post_ffw_norm.w
 /// Tensor kinds kept in Q8_0 by `q4_0` and `auto` (`convert.py`'s `Q4_0_Q8`).
 const Q8_KINDS: &[&str] = &["token_embd", "output"];
 
-/// The `.mlb` model of a GGUF file, converted by `ctype`'s rule.
-pub fn import_model(g: Gguf, ctype: ConvertType) -> Result<Mlb, String> {
+/// The `.mlb` model of a GGUF file, converted by `opts`' rules.
+pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
+    let ctype = opts.ctype;
     let path = g.path.clone();
-    let (meta, heads) = metadata(&g, ctype).map_err(|e| format!("{path}: {e}"))?;
+    if ctype == ConvertType::Auto && opts.requantize {
+        return Err(
+            "--type auto chooses by the GGUF tensor types: it cannot --requantize them (give --type q8_0 or q4_0)"
+                .into(),
+        );
+    }
+    let (meta, heads) = metadata(&g, opts).map_err(|e| format!("{path}: {e}"))?;
     let plan = tensor_plan(&g, &heads).map_err(|e| format!("{path}: {e}"))?;
     check_shapes(&heads, &plan).map_err(|e| format!("{path}: {e}"))?;
 
@@ -61,17 +69,28 @@ pub fn import_model(g: Gguf, ctype: ConvertType) -> Result<Mlb, String> {
     let mut infos = Vec::with_capacity(plan.len());
     let mut jobs = Vec::new();
     let mut made_len = 0usize;
-    for (name, t) in &plan {
+    let mut types: Vec<TensorType> = plan
+        .iter()
+        .map(|(name, t)| {
+            let dims: Vec<u64> = t.dims.iter().rev().copied().collect();
+            choose_type(name, &dims, t.ty, ctype, opts.requantize)
+        })
+        .collect();
+    if ctype == ConvertType::Q4Mixed {
+        for i in mixed_q8(&g, &plan, &types, opts) {
+            types[i] = TensorType::Q8_0;
+        }
+    }
+    for ((name, t), &ttype) in plan.iter().zip(&types) {
         let dims: Vec<u64> = t.dims.iter().rev().copied().collect();
-        let ttype = choose_type(name, &dims, t.ty, ctype);
-        let kept = kept_type(t.ty) == Some(ttype);
+        let kept = kept_type(t.ty) == Some(ttype) && !opts.requantize;
         let (start, len) = if kept {
             (t.start, t.len)
         } else {
             let len = converted_len(ttype, &dims).ok_or_else(|| format!("{path}: tensor {name:?} is too large"))?;
             let at = made_len;
             made_len = (at + len).next_multiple_of(DATA_ALIGN as usize);
-            jobs.push((*t, ttype, at, len));
+            jobs.push((*t, ttype, at, len, name.as_str()));
             (base + at, len)
         };
         infos.push(TensorInfo { name: name.clone(), ttype, layout: Layout::Rows, dims, start, len });
@@ -83,28 +102,103 @@ pub fn import_model(g: Gguf, ctype: ConvertType) -> Result<Mlb, String> {
     let mut tasks = Vec::new();
     let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut made);
     let mut pos = 0;
-    for &(t, ttype, at, len) in &jobs {
+    for &(t, ttype, at, len, name) in &jobs {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - pos);
         let (out, tail) = tail.split_at_mut(len);
         rest = tail;
         pos = at + len;
         let cols = t.dims[0] as usize;
         let rows = len / row_len(ttype, cols);
+        let weights = opts.imatrix.as_ref().and_then(|m| m.weights(name, cols));
         let src = g.tensor_bytes(t);
         let (src_row, out_row) = (src.len() / rows, len / rows);
         // about 64 KiB of f32 a task
         let chunk = (16384 / cols).max(1);
         for (s, o) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)) {
-            tasks.push((t.ty, ttype, cols, s, o));
+            tasks.push((t.ty, ttype, cols, weights, s, o));
         }
     }
-    tasks.into_par_iter().for_each_init(Vec::new, |buf, (from, to, cols, src, out)| {
+    tasks.into_par_iter().for_each_init(Vec::new, |buf, (from, to, cols, weights, src, out)| {
         buf.resize(src.len() / from.block().1 * from.block().0, 0.0);
         dequantize(from, src, buf);
-        encode(to, cols, buf, out);
+        encode(to, cols, buf, opts.q4_rule, weights, out);
     });
 
     Mlb::assemble(g.into_map(), made, meta, infos, path)
+}
+
+/// `q4_mixed`: the indices in `plan` of the Q4_0 tensors that go to Q8_0
+/// (`mixed::choose_q8`, the budget a share of the weights' bytes).
+fn mixed_q8(g: &Gguf, plan: &[(String, &Tensor)], types: &[TensorType], opts: &ImportOptions) -> Vec<usize> {
+    let size =
+        |ttype: TensorType, t: &Tensor| ttype.row_bytes(t.dims[0]).unwrap_or(0) * (t.n_elements() / t.dims[0].max(1));
+    let total: u64 =
+        plan.iter().zip(types).map(|((_, t), &ty)| if ty == TensorType::F32 { 0 } else { size(ty, t) }).sum();
+    let q4: Vec<usize> = (0..plan.len()).filter(|&i| types[i] == TensorType::Q4_0).collect();
+    let errors: Vec<f64> = q4
+        .iter()
+        .map(|&i| {
+            let (name, t) = &plan[i];
+            let cols = t.dims[0] as usize;
+            let weights = opts.imatrix.as_ref().and_then(|m| m.weights(name, cols));
+            q4_relative_error(t.ty, g.tensor_bytes(t), cols, opts.q4_rule, weights)
+        })
+        .collect();
+    let candidates: Vec<mixed::Candidate> = q4
+        .iter()
+        .zip(&errors)
+        .map(|(&i, &error)| {
+            let (name, t) = &plan[i];
+            let extra_bytes = size(TensorType::Q8_0, t) - size(TensorType::Q4_0, t);
+            mixed::Candidate { kind: kind_of(name), error, extra_bytes }
+        })
+        .collect();
+    let budget = (total as f64 * opts.mixed_budget) as u64;
+    mixed::choose_q8(&candidates, budget).into_iter().map(|c| q4[c]).collect()
+}
+
+/// Σ w_j (x − x̂)² / Σ w_j x² of a tensor's Q4_0 blocks x̂ (w: the column
+/// importances, or 1), in f64, chunks of rows on all threads.
+fn q4_relative_error(ty: GgmlType, src: &[u8], cols: usize, rule: Q4Rule, weights: Option<&[f32]>) -> f64 {
+    let (block_elems, block_bytes) = ty.block();
+    let row_bytes = cols / block_elems * block_bytes;
+    let rows = (16384 / cols).max(1);
+    let parts: Vec<(f64, f64)> = src
+        .par_chunks(rows * row_bytes)
+        .map(|chunk| {
+            let mut x = vec![0.0f32; chunk.len() / block_bytes * block_elems];
+            dequantize(ty, chunk, &mut x);
+            let mut q = vec![BlockQ4_0::default(); x.len() / QK];
+            quantize_q4_0(&x, cols, rule, weights, &mut q);
+            let mut y = vec![0.0f32; x.len()];
+            dequant_q4(&q, &mut y);
+            let (mut err, mut sig) = (0.0f64, 0.0f64);
+            for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
+                let w = weights.map_or(1.0, |w| w[i % cols]) as f64;
+                err += w * (a as f64 - b as f64).powi(2);
+                sig += w * (a as f64).powi(2);
+            }
+            (err, sig)
+        })
+        .collect();
+    // summed in chunk order: the same bits whatever the threads
+    let (err, sig) = parts.iter().fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    if sig > 0.0 && err.is_finite() {
+        err / sig
+    } else {
+        0.0
+    }
+}
+
+/// Whether `import_model(g, opts)` would make any tensor Q4_0.
+pub fn makes_q4(g: &Gguf, opts: &ImportOptions) -> Result<bool, String> {
+    let path = &g.path;
+    let (_, heads) = metadata(g, opts).map_err(|e| format!("{path}: {e}"))?;
+    let plan = tensor_plan(g, &heads).map_err(|e| format!("{path}: {e}"))?;
+    Ok(plan.iter().any(|(name, t)| {
+        let dims: Vec<u64> = t.dims.iter().rev().copied().collect();
+        choose_type(name, &dims, t.ty, opts.ctype, opts.requantize) == TensorType::Q4_0
+    }))
 }
 
 /// The hyperparameters the tensor table needs.
@@ -125,7 +219,8 @@ impl Heads {
 
 /// The `.mlb` metadata of a GGUF file, in `tools/source_gguf.py`'s order,
 /// then `convert.py`'s `convert_type` and `convert_q4_scale`.
-fn metadata(g: &Gguf, ctype: ConvertType) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
+fn metadata(g: &Gguf, opts: &ImportOptions) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
+    let ctype = opts.ctype;
     let ga = g
         .get("general.architecture")
         .ok_or("missing general.architecture")?
@@ -250,8 +345,10 @@ fn metadata(g: &Gguf, ctype: ConvertType) -> Result<(Vec<(String, MetaValue)>, H
     let tied = g.tensor("output.weight").is_none();
     meta.push(("tie_embeddings".into(), MetaValue::Int(tied as i64)));
     meta.push(("convert_type".into(), MetaValue::Str(ctype.name().into())));
-    if ctype != ConvertType::Q8_0 {
-        meta.push(("convert_q4_scale".into(), MetaValue::Str("fit".into())));
+    if matches!(ctype, ConvertType::Q4_0 | ConvertType::Q4Mixed | ConvertType::Auto) {
+        let weighted = opts.imatrix.is_some() && opts.q4_rule == Q4Rule::Fit;
+        let rule = format!("{}{}", opts.q4_rule.name(), if weighted { "+imatrix" } else { "" });
+        meta.push(("convert_q4_scale".into(), MetaValue::Str(rule)));
     }
     let heads = Heads { family, n_layers, meta: meta.clone() };
     Ok((meta, heads))
@@ -362,15 +459,18 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
 /// `auto` the embeddings and output in Q8_0 and the rest in Q4_0, except
 /// that `auto` keeps the other types of 5 bits a weight or more (Q5_0, Q5_1,
 /// Q8_K) in Q8_0.
-pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertType) -> TensorType {
+pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertType, requantize: bool) -> TensorType {
     let kind = kind_of(name);
     if dims.len() != 2 || kind.ends_with("norm") || kind.ends_with("bias") || kind == "ssm_conv" {
         return TensorType::F32;
     }
-    if let Some(t) = kept_type(source) {
+    if let Some(t) = kept_type(source).filter(|_| !requantize) {
         return t;
     }
-    if source == GgmlType::BF16 {
+    if source == GgmlType::BF16 && !requantize {
+        return TensorType::F32;
+    }
+    if ctype == ConvertType::F32 {
         return TensorType::F32;
     }
     if !dims[1].is_multiple_of(QK as u64) {
@@ -378,7 +478,7 @@ pub fn choose_type(name: &str, dims: &[u64], source: GgmlType, ctype: ConvertTyp
     }
     let wide = matches!(source, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8K);
     match ctype {
-        ConvertType::Q8_0 => TensorType::Q8_0,
+        ConvertType::F32 | ConvertType::Q8_0 => TensorType::Q8_0,
         _ if Q8_KINDS.contains(&kind) => TensorType::Q8_0,
         ConvertType::Auto if wide => TensorType::Q8_0,
         _ => TensorType::Q4_0,
@@ -407,7 +507,7 @@ fn converted_len(ttype: TensorType, dims: &[u64]) -> Option<usize> {
 }
 
 /// Rows of `cols` floats `x` encoded as `ttype` into `out`.
-fn encode(ttype: TensorType, cols: usize, x: &[f32], out: &mut [u8]) {
+fn encode(ttype: TensorType, cols: usize, x: &[f32], rule: Q4Rule, weights: Option<&[f32]>, out: &mut [u8]) {
     match ttype {
         TensorType::F32 => {
             for (o, v) in out.chunks_exact_mut(4).zip(x) {
@@ -420,7 +520,7 @@ fn encode(ttype: TensorType, cols: usize, x: &[f32], out: &mut [u8]) {
             }
         }
         TensorType::Q8_0 => quantize_q8_0(x, bytemuck::cast_slice_mut::<u8, BlockQ8_0>(out)),
-        TensorType::Q4_0 => quantize_q4_0(x, bytemuck::cast_slice_mut::<u8, BlockQ4_0>(out)),
+        TensorType::Q4_0 => quantize_q4_0(x, cols, rule, weights, bytemuck::cast_slice_mut::<u8, BlockQ4_0>(out)),
         TensorType::Q8_0F32 | TensorType::Q4_0F32 => unreachable!("choose_type never picks f32 scales"),
         TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => unreachable!("K-quant tensors are kept, never encoded"),
     }

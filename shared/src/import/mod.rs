@@ -4,11 +4,16 @@
 //! tokenizer, by the same rules as `tools/convert.py` and
 //! `tools/convert_tokenizer.py`, so that `--save` writes their bytes.
 
+pub mod calibrate;
 pub mod dequant;
 pub mod families;
 pub mod gguf;
+pub mod imatrix;
+pub mod mixed;
 pub mod quantize;
 pub mod tokenizer;
+
+use quantize::Q4Rule;
 
 /// How tensors of the types Krafla does not read are converted (`--type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -16,20 +21,53 @@ pub enum ConvertType {
     /// Everything to Q8_0.
     #[value(name = "q8_0")]
     Q8_0,
+    /// Everything to F32: the source's values exactly, 4 bytes a weight
+    /// (a reference for measuring the others).
+    #[value(name = "f32")]
+    F32,
     /// The embeddings and output to Q8_0, the rest to fitted Q4_0.
     #[value(name = "q4_0")]
     Q4_0,
+    /// As q4_0, but the matrices most sensitive per byte stay in Q8_0,
+    /// within a byte budget (`--mixed-budget`).
+    #[value(name = "q4_mixed")]
+    Q4Mixed,
     /// Types of 5 bits a weight or more to Q8_0, 4 bits or fewer to fitted
     /// Q4_0 (the embeddings and output to Q8_0); Q4_K, Q5_K and Q6_K, like
     /// every type Krafla reads, stay as they are under any `--type`.
     Auto,
 }
 
+/// How a GGUF file's tensors are converted at load.
+#[derive(Clone, Debug)]
+pub struct ImportOptions {
+    pub ctype: ConvertType,
+    /// Convert the types Krafla reads too (Q4_K, Q6_K, Q8_0, ...), from
+    /// their dequantised values, as `ctype` says.
+    pub requantize: bool,
+    /// How Q4_0 scales are chosen.
+    pub q4_rule: Q4Rule,
+    /// Per matrix name, the mean square of each input column (weights the
+    /// fitted Q4_0 search).
+    pub imatrix: Option<std::sync::Arc<imatrix::Imatrix>>,
+    /// `q4_mixed`: the extra bytes its Q8_0 matrices may take, as a share
+    /// of the model's weight bytes in `q4_0`.
+    pub mixed_budget: f64,
+}
+
+impl ImportOptions {
+    pub fn new(ctype: ConvertType) -> ImportOptions {
+        ImportOptions { ctype, requantize: false, q4_rule: Q4Rule::Fit, imatrix: None, mixed_budget: 0.15 }
+    }
+}
+
 impl ConvertType {
     pub fn name(self) -> &'static str {
         match self {
             ConvertType::Q8_0 => "q8_0",
+            ConvertType::F32 => "f32",
             ConvertType::Q4_0 => "q4_0",
+            ConvertType::Q4Mixed => "q4_mixed",
             ConvertType::Auto => "auto",
         }
     }

@@ -110,14 +110,42 @@ fn floor(x: f32) -> f32 {
     }
 }
 
-/// Fitted Q4_0 blocks of `x` (a multiple of 32 long). The 26 fitted
-/// candidates are evaluated side by side, one per lane, so that the
-/// compiler vectorises across candidates while each candidate's error is
-/// still summed element by element in order.
-pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
+/// How a Q4_0 block's scale is chosen (`--q4-scale`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Q4Rule {
+    /// The fitted search: the max rule and 26 scaled candidates, the
+    /// lowest (importance-weighted) squared error.
+    Fit,
+    /// llama.cpp's rule: the element of largest magnitude on level −8.
+    Max,
+}
+
+impl Q4Rule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Q4Rule::Fit => "fit",
+            Q4Rule::Max => "max",
+        }
+    }
+}
+
+/// Q4_0 blocks of `x` (whole rows of `cols`, a multiple of 32) by `rule`.
+/// With `weights` (one per column: the mean square of the activations the
+/// column meets, an importance matrix), the fitted search weights each
+/// element's squared error by its column's: Σ_j (r_j² · w_j), in order.
+/// The 26 fitted candidates are evaluated side by side, one per lane, so
+/// that the compiler vectorises across candidates while each candidate's
+/// error is still summed element by element in order.
+pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32]>, out: &mut [BlockQ4_0]) {
     let factors = fit_factors();
-    for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
+    let ones = [1.0f32; QK];
+    for (i, (b, blk)) in x.chunks_exact(QK).zip(out.iter_mut()).enumerate() {
         let b: &[f32; QK] = b.try_into().expect("a block of 32");
+        let col = i * QK % cols.max(QK);
+        let w: &[f32; QK] = match weights {
+            Some(w) => w[col..col + QK].try_into().expect("a block of 32 weights"),
+            None => &ones,
+        };
         // the llama.cpp rule: the signed element of largest magnitude on level −8
         let mut m = b[0];
         for &v in &b[1..] {
@@ -132,7 +160,11 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
             *q = code_to_u8(floor(v * inv0 + 8.5).clamp(0.0, 15.0));
         }
         let mut best_d = stored(d0);
-        let best_e = squared_error(b, best_d, &best_q);
+        if rule == Q4Rule::Max {
+            pack_q4(blk, best_d, &best_q);
+            continue;
+        }
+        let best_e = squared_error(b, w, weights.is_some(), best_d, &best_q);
 
         // the fitted candidates, lane c for factor c (lanes past 26 repeat the last)
         let d: [f32; LANES] = std::array::from_fn(|c| stored(d0 * factors[c.min(factors.len() - 1)]));
@@ -142,20 +174,32 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
         // codes in fewer operations, as q − 8 = clamp(round(v · inv), −8, 7)
         // rounded by adding and taking away 1.5·2^23 (exact there, and no NaN).
         let small = b.iter().all(|v| v.is_finite()) && inv.iter().all(|i| m.abs() * i.abs() < 4194304.0);
-        if small {
-            for &v in b {
-                for c in 0..LANES {
-                    let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
-                    let r = v - d[c] * q;
-                    e[c] += r * r;
+        match (small, weights.is_some()) {
+            (true, false) => {
+                for &v in b {
+                    for c in 0..LANES {
+                        let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
+                        let r = v - d[c] * q;
+                        e[c] += r * r;
+                    }
                 }
             }
-        } else {
-            for &v in b {
-                for c in 0..LANES {
-                    let q = code(v, inv[c]);
-                    let r = v - d[c] * (q - 8.0);
-                    e[c] += r * r;
+            (true, true) => {
+                for (&v, &wj) in b.iter().zip(w) {
+                    for c in 0..LANES {
+                        let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
+                        let r = v - d[c] * q;
+                        e[c] += r * r * wj;
+                    }
+                }
+            }
+            (false, _) => {
+                for (&v, &wj) in b.iter().zip(w) {
+                    for c in 0..LANES {
+                        let q = code(v, inv[c]);
+                        let r = v - d[c] * (q - 8.0);
+                        e[c] += if weights.is_some() { r * r * wj } else { r * r };
+                    }
                 }
             }
         }
@@ -172,11 +216,16 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [BlockQ4_0]) {
                 *q = code_to_u8(code(v, inv[c]));
             }
         }
-        for j in 0..QK / 2 {
-            blk.qs[j] = best_q[j] | (best_q[j + QK / 2] << 4);
-        }
-        blk.d = f16::from_f32(best_d);
+        pack_q4(blk, best_d, &best_q);
     }
+}
+
+/// A Q4_0 block of scale `d` and codes `q`: byte j holds codes j and j + 16.
+fn pack_q4(blk: &mut BlockQ4_0, d: f32, q: &[u8; QK]) {
+    for j in 0..QK / 2 {
+        blk.qs[j] = q[j] | (q[j + QK / 2] << 4);
+    }
+    blk.d = f16::from_f32(d);
 }
 
 /// The Q4 code of `v` for the scale with inverse `inv`, as a float:
@@ -201,12 +250,12 @@ fn code_to_u8(q: f32) -> u8 {
     (q + 12582912.0).to_bits() as u8
 }
 
-/// Σ_j (x_j − d·(q_j − 8))² in f32, j in order.
-fn squared_error(b: &[f32; QK], d: f32, q: &[u8; QK]) -> f32 {
+/// Σ_j (x_j − d·(q_j − 8))² (each times w_j if `weighted`) in f32, j in order.
+fn squared_error(b: &[f32; QK], w: &[f32; QK], weighted: bool, d: f32, q: &[u8; QK]) -> f32 {
     let mut e = 0.0f32;
-    for (&v, &q) in b.iter().zip(q) {
+    for ((&v, &q), &wj) in b.iter().zip(q).zip(w) {
         let r = v - d * (q as f32 - 8.0);
-        e += r * r;
+        e += if weighted { r * r * wj } else { r * r };
     }
     e
 }
@@ -285,54 +334,116 @@ mod tests {
         }
     }
 
-    /// The candidates side by side pick what one candidate at a time picks.
-    #[test]
-    fn lanes_pick_what_a_plain_loop_picks() {
-        fn plain(b: &[f32; QK]) -> BlockQ4_0 {
-            let mut m = b[0];
-            b.iter().for_each(|&v| {
-                if v.abs() > m.abs() {
-                    m = v
-                }
-            });
-            let d0 = m / -8.0;
-            let mut best_q: [u8; QK] =
-                std::array::from_fn(|j| (b[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
-            let mut best_d = stored(d0);
-            let mut best_e = squared_error(b, best_d, &best_q);
+    /// A block by one candidate at a time, in plain loops: the max rule,
+    /// then (for `Fit`) the 26 factors, the lowest (weighted) error first.
+    fn plain(b: &[f32; QK], rule: Q4Rule, w: Option<&[f32; QK]>) -> BlockQ4_0 {
+        let mut m = b[0];
+        b.iter().for_each(|&v| {
+            if v.abs() > m.abs() {
+                m = v
+            }
+        });
+        let err = |d: f32, q: &[u8; QK]| {
+            let mut e = 0.0f32;
+            for j in 0..QK {
+                let r = b[j] - d * (q[j] as f32 - 8.0);
+                e += match w {
+                    Some(w) => r * r * w[j],
+                    None => r * r,
+                };
+            }
+            e
+        };
+        let d0 = m / -8.0;
+        let mut best_q: [u8; QK] = std::array::from_fn(|j| (b[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
+        let mut best_d = stored(d0);
+        let mut best_e = err(best_d, &best_q);
+        if rule == Q4Rule::Fit {
             for f in fit_factors() {
                 let d = stored(d0 * f);
                 let q: [u8; QK] =
                     std::array::from_fn(|j| ((b[j] * inverse(d)).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8);
-                let e = squared_error(b, d, &q);
+                let e = err(d, &q);
                 if e < best_e {
                     (best_d, best_q, best_e) = (d, q, e);
                 }
             }
-            let mut blk = BlockQ4_0 { d: f16::from_f32(best_d), ..Default::default() };
-            for j in 0..QK / 2 {
-                blk.qs[j] = best_q[j] | (best_q[j + QK / 2] << 4);
-            }
-            blk
         }
+        let mut blk = BlockQ4_0 { d: f16::from_f32(best_d), ..Default::default() };
+        for j in 0..QK / 2 {
+            blk.qs[j] = best_q[j] | (best_q[j + QK / 2] << 4);
+        }
+        blk
+    }
+
+    /// Random blocks at many scales, with zeros, outliers, grid values and non-finite values.
+    fn hostile_blocks(n: usize) -> Vec<[f32; QK]> {
         let mut rng = Rng(0x1234_5678_9abc_def0);
-        for i in 0..20_000 {
-            let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4, 1e-30, 1e30, 1e-7][i % 8];
-            let mut b: [f32; QK] = std::array::from_fn(|_| rng.f32() * scale);
-            match i % 7 {
-                0 => b[(rng.next() % 32) as usize] = 0.0,
-                1 => b = [0.0; QK],
-                2 => b[(rng.next() % 32) as usize] *= 40.0,
-                3 => b.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0 * scale),
-                4 => b[3] = f32::NAN,
-                5 => b[7] = f32::INFINITY,
-                _ => {}
+        (0..n)
+            .map(|i| {
+                let scale = [1e-6f32, 0.02, 1.0, 300.0, 6e4, 1e-30, 1e30, 1e-7][i % 8];
+                let mut b: [f32; QK] = std::array::from_fn(|_| rng.f32() * scale);
+                match i % 7 {
+                    0 => b[(rng.next() % 32) as usize] = 0.0,
+                    1 => b = [0.0; QK],
+                    2 => b[(rng.next() % 32) as usize] *= 40.0,
+                    3 => b.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0 * scale),
+                    4 => b[3] = f32::NAN,
+                    5 => b[7] = f32::INFINITY,
+                    _ => {}
+                }
+                b
+            })
+            .collect()
+    }
+
+    /// The candidates side by side pick what one candidate at a time picks,
+    /// for both rules, with and without column weights (the weights of a
+    /// block are its columns' within a row of 64).
+    #[test]
+    fn lanes_pick_what_a_plain_loop_picks() {
+        let mut rng = Rng(0x0bad_5eed_0123_4567);
+        let row_w: Vec<f32> = (0..2 * QK)
+            .map(|j| match j % 9 {
+                0 => 0.0,
+                1 => 1e6,
+                _ => rng.f32().abs() * 3.0,
+            })
+            .collect();
+        let blocks = hostile_blocks(20_000);
+        for rule in [Q4Rule::Fit, Q4Rule::Max] {
+            for weighted in [false, true] {
+                for (i, pair) in blocks.chunks_exact(2).enumerate() {
+                    let x: Vec<f32> = pair.iter().flatten().copied().collect();
+                    let mut got = [BlockQ4_0::default(); 2];
+                    quantize_q4_0(&x, 2 * QK, rule, weighted.then_some(&row_w[..]), &mut got);
+                    for (k, b) in pair.iter().enumerate() {
+                        let w: Option<&[f32; QK]> = weighted.then(|| row_w[k * QK..][..QK].try_into().unwrap());
+                        let want = plain(b, rule, w);
+                        let what = format!("{rule:?} weighted {weighted} block {i}.{k}: {b:?}");
+                        assert_eq!(bytemuck::bytes_of(&got[k]), bytemuck::bytes_of(&want), "{what}");
+                    }
+                }
             }
-            let mut got = [BlockQ4_0::default()];
-            quantize_q4_0(&b, &mut got);
-            let want = plain(&b);
-            assert_eq!(bytemuck::bytes_of(&got[0]), bytemuck::bytes_of(&want), "block {i}: {b:?}");
         }
+    }
+
+    /// Weighting changes the choice: a heavy column is fitted at the others' cost.
+    #[test]
+    fn weights_move_the_error_to_unimportant_columns() {
+        let b: [f32; QK] =
+            std::array::from_fn(|j| ((j * 37 % 29) as f32 - 14.0) * 0.013 + if j == 5 { 0.07 } else { 0.0 });
+        let mut w = [1.0f32; QK];
+        w[5] = 1e4;
+        let (mut plain_blk, mut weighted_blk) = ([BlockQ4_0::default()], [BlockQ4_0::default()]);
+        quantize_q4_0(&b, QK, Q4Rule::Fit, None, &mut plain_blk);
+        quantize_q4_0(&b, QK, Q4Rule::Fit, Some(&w), &mut weighted_blk);
+        let value = |blk: &BlockQ4_0, j: usize| {
+            let q = if j < 16 { blk.qs[j] & 15 } else { blk.qs[j - 16] >> 4 };
+            blk.d.to_f32() * (q as f32 - 8.0)
+        };
+        let e5 = |blk: &BlockQ4_0| (value(blk, 5) - b[5]).abs();
+        assert!(e5(&weighted_blk[0]) < e5(&plain_blk[0]), "{} vs {}", e5(&weighted_blk[0]), e5(&plain_blk[0]));
     }
 
     #[test]
@@ -351,7 +462,7 @@ mod tests {
         let mut q8 = vec![BlockQ8_0::default(); 64];
         quantize_q8_0(&x, &mut q8);
         let mut q4 = vec![BlockQ4_0::default(); 64];
-        quantize_q4_0(&x, &mut q4);
+        quantize_q4_0(&x, x.len(), Q4Rule::Fit, None, &mut q4);
         for (i, b) in x.chunks_exact(QK).enumerate() {
             let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d8 = q8[i].d.to_f32();
@@ -377,11 +488,13 @@ mod tests {
             });
             let d0 = m / -8.0;
             let q0: [u8; QK] = std::array::from_fn(|j| (bb[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
-            assert!(squared_error(bb, d4, &q) <= squared_error(bb, stored(d0), &q0), "q4 block {i}");
+            let ones = [1.0; QK];
+            let (e4, e0) = (squared_error(bb, &ones, false, d4, &q), squared_error(bb, &ones, false, stored(d0), &q0));
+            assert!(e4 <= e0, "q4 block {i}");
         }
         // zero blocks: zero scales
         let mut z4 = [BlockQ4_0::default()];
-        quantize_q4_0(&[0.0; QK], &mut z4);
+        quantize_q4_0(&[0.0; QK], QK, Q4Rule::Fit, None, &mut z4);
         assert_eq!(z4[0].d.to_f32(), 0.0);
     }
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::dequant::dequantize;
 use super::gguf::import_model;
-use super::quantize::{quantize_q4_0, quantize_q8_0};
+use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule};
 use super::tokenizer::import_tokenizer;
-use super::ConvertType;
+use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{test_array, write_gguf, GgmlType, Gguf, Value};
 use crate::format::mlb::{MetaValue, Mlb, TensorType};
 use crate::model::{LoadOptions, LogitsFor, Model, State};
@@ -104,7 +104,7 @@ fn tiny_llama(extra_meta: &[(&str, Value)], drop: &[&str]) -> Vec<u8> {
 }
 
 fn import(bytes: Vec<u8>, ctype: ConvertType) -> Result<Mlb, String> {
-    import_model(Gguf::from_bytes(bytes, "t.gguf")?, ctype)
+    import_model(Gguf::from_bytes(bytes, "t.gguf")?, &ImportOptions::new(ctype))
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn converted_tensors_are_the_quantised_source() {
     let mut q8 = vec![BlockQ8_0::default(); x.len() / 32];
     quantize_q8_0(&x, &mut q8);
     let mut q4 = vec![BlockQ4_0::default(); x.len() / 32];
-    quantize_q4_0(&x, &mut q4);
+    quantize_q4_0(&x, x.len(), Q4Rule::Fit, None, &mut q4);
     let made = |ctype| {
         let mlb = import(bytes.clone(), ctype).unwrap();
         mlb.tensor_bytes(mlb.tensor("blk.0.ffn_up").unwrap()).to_vec()
@@ -303,7 +303,7 @@ fn mutations_never_panic() {
         }
         if let Ok(g) = Gguf::from_bytes(b, "m.gguf") {
             let _ = import_tokenizer(&g);
-            let _ = import_model(g, ConvertType::Q8_0);
+            let _ = import_model(g, &ImportOptions::new(ConvertType::Q8_0));
         }
     }
 }

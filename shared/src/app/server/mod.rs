@@ -192,7 +192,7 @@ fn run(args: ServerArgs) -> Result<(), String> {
     let tokenizer = tokenizer.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt, or a GGUF model)")?;
     let template = args.run.template(Some(&tokenizer), true)?;
     let (pool, threads) = args.run.thread_pool()?;
-    let model = pool.install(|| args.run.load_model(file, Some(&tokenizer)))?;
+    let model = pool.install(|| args.run.load_model(file, Some(&tokenizer), false))?;
     let load_secs = started.elapsed().as_secs_f64();
     let vocab_size = model.config.vocab_size;
     let trained_ctx = model.config.context_length;
