@@ -18,6 +18,8 @@ use super::speculation::SpecArgs;
 use super::stdout;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::grammar::{self, Constrained, Grammar, Vocab};
+use crate::import::calibrate;
+use crate::import::imatrix::Imatrix;
 use crate::model::LogitsFor;
 use crate::sampler::{self, SamplerConfig, SettingRange};
 use crate::tokenizer::Tokenizer;
@@ -87,6 +89,20 @@ pub struct Args {
     /// --perplexity: score at most this many chunks (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// --perplexity: write the scored positions' log-probabilities to FILE, the
+    /// base for --kld-base (llama.cpp's --kl-divergence-base).
+    #[arg(long, value_name = "FILE", requires = "perplexity")]
+    pub kld_base_out: Option<PathBuf>,
+    /// --perplexity: also report the KL divergence from the distributions in FILE
+    /// (written by --kld-base-out on the same text, --ctx and --chunks) and how often
+    /// the top token is the same.
+    #[arg(long, value_name = "FILE", requires = "perplexity", conflicts_with = "kld_base_out")]
+    pub kld_base: Option<PathBuf>,
+    /// Write the mean square of every matrix's input columns (an importance matrix, for
+    /// --imatrix and tools/convert.py --imatrix) to FILE: over the built-in calibration text
+    /// (what a GGUF file's Q4_0 conversion uses), or with --perplexity over that text.
+    #[arg(long, value_name = "FILE")]
+    pub imatrix_out: Option<PathBuf>,
     /// Constrain the output to JSON valid against a JSON Schema: a file, or
     /// the schema itself when the text starts with `{`.
     #[arg(long, value_name = "SCHEMA|FILE", conflicts_with = "grammar")]
@@ -158,7 +174,11 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
 /// measurement or test mode, and a terminal on stdin.
 fn is_chat(args: &Args) -> bool {
     let prompt_given = args.prompt.is_some() || args.prompt_file.is_some() || args.prompt_ids.is_some();
-    let other_mode = args.tokenize || args.bench || args.perplexity.is_some() || args.logits_out.is_some();
+    let other_mode = args.tokenize
+        || args.bench
+        || args.perplexity.is_some()
+        || args.logits_out.is_some()
+        || args.imatrix_out.is_some();
     !prompt_given && !other_mode && std::io::stdin().is_terminal()
 }
 
@@ -172,7 +192,8 @@ fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<Stri
             std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
         text = Some(text.map_or(t.clone(), |p| p + &t));
     }
-    let other_input = args.prompt_ids.is_some() || args.bench || args.perplexity.is_some();
+    let other_input =
+        args.prompt_ids.is_some() || args.bench || args.perplexity.is_some() || args.imatrix_out.is_some();
     if text.is_none() && !other_input && !std::io::stdin().is_terminal() && args.model.is_some() {
         let mut t = String::new();
         std::io::stdin().read_to_string(&mut t).map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
@@ -182,6 +203,12 @@ fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<Stri
         (Some(template), Some(t)) => Some(template.format_turn(args.run.system.as_deref(), &t)),
         (_, t) => t,
     })
+}
+
+fn write_imatrix(path: &Path, imatrix: &Imatrix) -> Result<(), String> {
+    crate::format::write_atomic(path, |out| out.write_all(&imatrix.to_bytes()))?;
+    eprintln!("importance matrix of {} matrices written to {}", imatrix.entries.len(), path.display());
+    Ok(())
 }
 
 /// Loads the model and runs the chosen mode (bench, perplexity, logits, generation).
@@ -199,7 +226,7 @@ fn run_model(
             "no model given (ml_run MODEL.gguf -p PROMPT, or ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)".into()
         );
     };
-    let model = args.run.load_model(file, tokenizer.as_ref())?;
+    let model = args.run.load_model(file, tokenizer.as_ref(), args.imatrix_out.is_some())?;
     let load_secs = started.elapsed().as_secs_f64();
     let vocab = model.config.vocab_size;
 
@@ -218,6 +245,10 @@ fn run_model(
         let name = model_path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
         return measure::bench(model, &name, &cfg);
     }
+    if let (Some(out), None) = (&args.imatrix_out, &args.perplexity) {
+        let tok = tokenizer.as_ref().ok_or("--imatrix-out needs a tokenizer (-z)")?;
+        return write_imatrix(out, &calibrate::measure(&model, tok)?);
+    }
     if let Some(path) = &args.perplexity {
         let tok = tokenizer.as_ref().ok_or("--perplexity needs a tokenizer (-z)")?;
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
@@ -226,7 +257,17 @@ fn run_model(
             return Err(format!("--ctx {ctx} must be within 4..={}", model.config.context_length));
         }
         let state = args.run.state(&model, ctx)?;
-        measure::perplexity(&mut Generator::new(model, state, args.run.batch), tok, &text, args.chunks)?;
+        eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
+        let kld = match (&args.kld_base_out, &args.kld_base) {
+            (Some(out), _) => Some(measure::Kld::Write(out)),
+            (_, Some(base)) => Some(measure::Kld::Compare(base)),
+            _ => None,
+        };
+        let mut gen = Generator::new(model.clone(), state, args.run.batch);
+        measure::perplexity(&mut gen, tok, &text, args.chunks, kld)?;
+        if let (Some(path), Some(stats)) = (&args.imatrix_out, model.input_stats()) {
+            write_imatrix(path, &Imatrix { entries: stats.means() })?;
+        }
         return Ok(());
     }
 

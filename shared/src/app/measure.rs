@@ -2,8 +2,13 @@
 //! roofline) and `--perplexity` (llama.cpp's protocol).
 
 use super::stdout;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+use half::f16;
 
 use rayon::prelude::*;
 
@@ -186,6 +191,103 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
     ))
 }
 
+/// What `perplexity` does with the scored positions' distributions besides
+/// scoring: writes them (log-probabilities as f16) as a base, or compares
+/// with a base written earlier (KL divergence, the same top token).
+pub enum Kld<'a> {
+    Write(&'a Path),
+    Compare(&'a Path),
+}
+
+const KLD_MAGIC: &[u8] = b"KRAFLA-KLD-1\n";
+
+/// The open base file of a `Kld`, and the comparison's running sums.
+enum KldFile {
+    Write(BufWriter<File>, PathBuf),
+    Compare { file: BufReader<File>, path: PathBuf, sum: f64, sum2: f64, same_top: usize, count: usize },
+}
+
+impl KldFile {
+    fn open(kld: &Kld, vocab: usize) -> Result<KldFile, String> {
+        Ok(match kld {
+            Kld::Write(path) => {
+                let f = File::create(path).map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
+                let mut w = BufWriter::new(f);
+                w.write_all(KLD_MAGIC)
+                    .and_then(|_| w.write_all(&(vocab as u32).to_le_bytes()))
+                    .map_err(|e| e.to_string())?;
+                KldFile::Write(w, path.to_path_buf())
+            }
+            Kld::Compare(path) => {
+                let f = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+                let mut file = BufReader::new(f);
+                let mut head = vec![0u8; KLD_MAGIC.len() + 4];
+                file.read_exact(&mut head).map_err(|_| format!("{}: not a --kld-base-out file", path.display()))?;
+                if &head[..KLD_MAGIC.len()] != KLD_MAGIC {
+                    return Err(format!("{}: not a --kld-base-out file", path.display()));
+                }
+                let v = u32::from_le_bytes(head[KLD_MAGIC.len()..].try_into().expect("4 bytes")) as usize;
+                if v != vocab {
+                    return Err(format!("{}: written for a vocabulary of {v}, this model has {vocab}", path.display()));
+                }
+                KldFile::Compare { file, path: path.to_path_buf(), sum: 0.0, sum2: 0.0, same_top: 0, count: 0 }
+            }
+        })
+    }
+
+    /// One scored position: its log-probabilities.
+    fn position(&mut self, logp: &[f64]) -> Result<(), String> {
+        match self {
+            KldFile::Write(w, path) => {
+                let bytes: Vec<u8> = logp.iter().flat_map(|&v| f16::from_f64(v).to_le_bytes()).collect();
+                w.write_all(&bytes).map_err(|e| format!("{}: cannot write: {e}", path.display()))
+            }
+            KldFile::Compare { file, path, sum, sum2, same_top, count } => {
+                let mut raw = vec![0u8; logp.len() * 2];
+                file.read_exact(&mut raw).map_err(|_| {
+                    format!(
+                        "{}: has fewer positions than this run scores (other text, --ctx or --chunks?)",
+                        path.display()
+                    )
+                })?;
+                let base: Vec<f64> = raw.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64()).collect();
+                // both sides rounded as the base is stored: a model against its own base gives 0
+                let logp: Vec<f64> = logp.iter().map(|&q| f16::from_f64(q).to_f64()).collect();
+                let kl: f64 =
+                    base.iter().zip(&logp).map(|(&b, &q)| if b > -60.0 { b.exp() * (b - q) } else { 0.0 }).sum();
+                *sum += kl;
+                *sum2 += kl * kl;
+                *count += 1;
+                *same_top += (argmax(&base) == argmax(&logp)) as usize;
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self) -> Result<(), String> {
+        match self {
+            KldFile::Write(mut w, path) => w.flush().map_err(|e| format!("{}: cannot write: {e}", path.display())),
+            KldFile::Compare { mut file, path, sum, sum2, same_top, count } => {
+                if file.read(&mut [0u8]).map_err(|e| e.to_string())? != 0 {
+                    return Err(format!("{}: has more positions than this run scores", path.display()));
+                }
+                let n = count.max(1) as f64;
+                let mean = sum / n;
+                let err = ((sum2 / n - mean * mean).max(0.0) / (n - 1.0).max(1.0)).sqrt();
+                stdout::line(&format!(
+                    "KLD = {mean:.6} +/- {err:.6}, same top token {:.2} % ({count} positions)",
+                    100.0 * same_top as f64 / n
+                ))
+            }
+        }
+    }
+}
+
+/// The index of the largest value (the first of equals).
+fn argmax(v: &[f64]) -> usize {
+    v.iter().enumerate().fold((0, f64::NEG_INFINITY), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) }).0
+}
+
 /// Perplexity as llama.cpp's `perplexity` tool computes it: non-overlapping
 /// chunks of `ctx` tokens, BOS replacing the first token of each chunk when
 /// the tokenizer adds one, only the second half of each chunk scored.
@@ -194,6 +296,7 @@ pub fn perplexity(
     tokenizer: &Tokenizer,
     text: &str,
     max_chunks: Option<usize>,
+    kld: Option<Kld>,
 ) -> Result<f64, String> {
     let vocab = gen.model().config.vocab_size;
     let ctx = gen.state().ctx;
@@ -202,6 +305,7 @@ pub fn perplexity(
     if tokens.len() < 2 * ctx {
         return Err(format!("the text has {} tokens; --perplexity needs at least 2 × ctx = {}", tokens.len(), 2 * ctx));
     }
+    let mut kld = kld.map(|k| KldFile::open(&k, vocab)).transpose()?;
     let n_chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
     eprintln!(
@@ -225,6 +329,10 @@ pub fn perplexity(
             nll += v;
             nll2 += v * v;
             count += 1;
+            if let Some(k) = kld.as_mut() {
+                let logp: Vec<f64> = row.iter().map(|&v| v as f64 - log_sum).collect();
+                k.position(&logp)?;
+            }
         }
         eprint!("[{}]{:.4},", i + 1, (nll / count as f64).exp());
     }
@@ -236,6 +344,9 @@ pub fn perplexity(
         stdout::line(&format!("Final estimate: PPL = {ppl:.4} +/- {:.5}", (var / (count as f64 - 1.0)).sqrt() * ppl))?;
     } else {
         stdout::line(&format!("Final estimate: PPL = {ppl:.4}"))?;
+    }
+    if let Some(k) = kld {
+        k.finish()?;
     }
     Ok(ppl)
 }
