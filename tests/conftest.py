@@ -266,8 +266,10 @@ def smollm2_gguf():
 
 def converter(root, name, gguf, tokenizer_source):
     """get(kind) -> the model `gguf` converted into directory `root`: 'f32', 'q8_0', 'q4_0', ...
-    (root/<name>-<kind>.mlb, by convert.py) or 'mlt' (root/<name>.mlt, the tokenizer, by
-    convert_tokenizer.py from `tokenizer_source`). Each kind is converted once, on first use."""
+    (root/<name>-<kind>.mlb, by convert.py; q4_0 with the importance matrix the executables
+    measure on their built-in text, so that it is their --save's file) or 'mlt'
+    (root/<name>.mlt, the tokenizer, by convert_tokenizer.py from `tokenizer_source`). Each kind
+    is converted once, on first use."""
     cache = {}
 
     def get(kind):
@@ -275,6 +277,12 @@ def converter(root, name, gguf, tokenizer_source):
             if kind == "mlt":
                 out = root / f"{name}.mlt"
                 run_tool("convert_tokenizer.py", tokenizer_source, "-o", out)
+            elif kind == "q4_0":
+                # the importance matrix the executables measure when they load the GGUF as q4_0
+                im = root / f"{name}.imatrix"
+                run_ml(gguf, "--type", "q8_0", "--imatrix-out", im)
+                out = root / f"{name}-{kind}.mlb"
+                run_tool("convert.py", gguf, "-o", out, "--type", kind, "--imatrix", im)
             else:
                 out = root / f"{name}-{kind}.mlb"
                 run_tool("convert.py", gguf, "-o", out, "--type", kind)

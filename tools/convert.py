@@ -3,7 +3,7 @@
 
     python3 tools/convert.py SRC -o OUT.mlb --type {q8_0,q4_0,q4_mixed,q4_k_m,auto,f32,f16}
                              [--q4-scale {fit,max}] [--k-rule {search,minmax}] [--scale-type {f16,f32}]
-                             [--imatrix FILE.npz] [--requantize] [--layout {rows8,rows}]
+                             [--imatrix FILE] [--mixed-budget PERCENT] [--requantize] [--layout {rows8,rows}]
 
 SRC is one of
   * a Hugging Face directory (config.json + *.safetensors, sharded or not),
@@ -22,13 +22,21 @@ type Krafla reads (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and quantises the rest
 quantised from its dequantised values.  `--layout rows8` (the default)
 stores Q8_0, Q4_0, Q4_K and Q6_K matrices in the eight-row groups the
 kernels read (docs/FORMAT.md, "Tensor layouts"), as `ml_run --save` does;
-`--layout rows` writes plain rows only (a version 1 file).  Errors the user can fix
+`--layout rows` writes plain rows only (a version 1 file).  Q4_0 is the
+fitted rule, weighted by `--imatrix FILE` when given: the executables
+measure one when they load a GGUF file as Q4_0 (`ml_run MODEL --imatrix-out
+FILE` writes it), so with it this converter writes their `--save` bytes;
+without one the fit is unweighted (docs/QUANT.md: worse).  `--type
+q4_mixed` keeps in Q8_0 the matrices most sensitive per byte within
+`--mixed-budget` (mixed.rs's rule).  Errors the user can fix
 (unsupported architecture, missing tensor, bad file) print one line and
 exit with status 2, leaving no output or temp file behind.
 """
 import argparse
 import os
+import pathlib
 import re
+import struct
 import sys
 
 import numpy as np
@@ -58,11 +66,15 @@ def load_source(src):
 # --------------------------------------------------------------------------
 # type selection
 
-# Tensor kinds kept in Q8_0 by --type q4_mixed (chosen by measurement; see
-# docs/QUANT.md).  Matched against the tensor name with the `blk.N.` removed.
-Q4_MIXED_Q8 = ("token_embd", "output", "attn_v", "ffn_down")
-# Kinds kept in Q8_0 by plain --type q4_0 and auto (see docs/QUANT.md).
+# Kinds kept in Q8_0 by --type q4_0, q4_mixed and auto (see docs/QUANT.md).
+# Matched against the tensor name with the `blk.N.` removed.
 Q4_0_Q8 = ("token_embd", "output")
+# --type q4_mixed (shared/src/import/mixed.rs, the same rule): kind -> its measured
+# share of the output error, and the default budget (extra bytes of the Q8_0
+# matrices, as a share of the q4_0 model's weight bytes).
+KIND_SHARE = {"attn_q": 0.05, "attn_k": 0.05, "attn_v": 0.20, "attn_o": 0.10,
+              "ffn_gate": 0.10, "ffn_up": 0.15, "ffn_down": 0.35}
+MIXED_BUDGET = 0.15
 
 # GGUF tensor types stored as they are (Krafla's block layouts are llama.cpp's),
 # and, for --type auto, the types converted to Q8_0 (5 bits a weight or more)
@@ -134,9 +146,7 @@ def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None, k_ty
         return mlb.F16
     if qtype == "q8_0":
         return q8
-    if q8_kinds is None:
-        q8_kinds = Q4_MIXED_Q8 if qtype == "q4_mixed" else Q4_0_Q8
-    if kind_of(name) in q8_kinds:
+    if kind_of(name) in (Q4_0_Q8 if q8_kinds is None else q8_kinds):
         return q8
     if qtype == "auto" and source in GGUF_AUTO_Q8:
         return q8
@@ -145,18 +155,76 @@ def choose_type(name, shape, qtype, scale_type, q8_kinds=None, source=None, k_ty
 
 # --------------------------------------------------------------------------
 
+IMATRIX_MAGIC = b"KRAFLA-IMATRIX-1\n"
+
+
 def load_imatrix(path):
-    """npz of .mlb tensor name -> per-column mean squared activation
-    (tools/q4_experiment.py imatrix)."""
+    """.mlb tensor name -> per-column mean squared activation: the executables'
+    file (`ml_run MODEL --imatrix-out FILE`, shared/src/import/imatrix.rs) or an
+    npz (tools/q4_experiment.py imatrix)."""
     try:
-        with np.load(path) as z:
-            return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
-    except (OSError, ValueError) as e:
+        raw = pathlib.Path(path).read_bytes()
+        if not raw.startswith(IMATRIX_MAGIC):
+            with np.load(path) as z:
+                return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
+        out, at = {}, len(IMATRIX_MAGIC)
+        (n,) = struct.unpack_from("<I", raw, at)
+        at += 4
+        for _ in range(n):
+            (ln,) = struct.unpack_from("<I", raw, at)
+            name = raw[at + 4:at + 4 + ln].decode()
+            _rows, cols = struct.unpack_from("<QI", raw, at + 4 + ln)
+            at += 4 + ln + 12
+            w = np.frombuffer(raw, "<f4", cols, at)
+            at += 4 * cols
+            if not np.all(np.isfinite(w)) or np.any(w < 0):
+                raise ValueError(f"{name!r} has a negative or non-finite weight")
+            out[name] = w.astype(np.float32)
+        if at != len(raw):
+            raise ValueError("trailing bytes")
+        return out
+    except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
         raise ConvertError(f"{path}: cannot read importance matrix ({e})") from e
 
 
+def choose_q8(candidates, budget):
+    """q4_mixed: indices of the candidates (kind, relative Q4 error, extra bytes in Q8_0) that
+    go to Q8_0 within `budget` extra bytes: the kind's measured share of the output error spread
+    over its matrices by their errors, per extra byte, best first (mixed.rs's `choose_q8`)."""
+    def kind_total(kind):
+        t = 0.0
+        for k, e, _ in candidates:
+            if k == kind:
+                t += e
+        return t
+
+    order = []
+    for i, (kind, err, extra) in enumerate(candidates):
+        total = kind_total(kind)
+        score = KIND_SHARE.get(kind, 0.05) * err / total if total > 0 else 0.0
+        order.append((-(score / max(extra, 1)), i))
+    spent, chosen = 0, []
+    for neg, i in sorted(order):
+        extra = candidates[i][2]
+        if -neg > 0 and spent + extra <= budget:
+            spent += extra
+            chosen.append(i)
+    return sorted(chosen)
+
+
+def q4_relative_error(a, q4_scale, col_weights):
+    """sum w (x - x')^2 / sum w x^2 of a tensor's Q4_0 blocks x' (w: column importance or 1)."""
+    x = np.asarray(a, dtype=np.float32).reshape(-1, a.shape[-1])
+    y = mlb.decode(mlb.encode(x, mlb.Q4_0, q4_scale, col_weights), mlb.Q4_0, x.shape)
+    w = np.ones(x.shape[-1]) if col_weights is None else col_weights.astype(np.float64)
+    d = x.astype(np.float64) - y.astype(np.float64)
+    err = float((d * d * w).sum())
+    sig = float((x.astype(np.float64) ** 2 * w).sum())
+    return err / sig if sig > 0 and np.isfinite(err) else 0.0
+
+
 def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.stderr, imatrix=None,
-            k_rule=None, requantize=False, layout="rows8"):
+            k_rule=None, requantize=False, layout="rows8", mixed_budget=MIXED_BUDGET):
     imat = load_imatrix(imatrix) if imatrix else {}
     meta, tensors = load_source(src)
     gguf_source = any(len(t) > 2 for t in tensors.values())
@@ -178,9 +246,22 @@ def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.st
     _check_shapes(meta, tensors)
     plan = []
     n = len(tensors)
+    types = {}
+    for name, (shape, _loader, *source) in tensors.items():
+        source_type = source[0] if source and not requantize else None
+        types[name] = choose_type(name, shape, qtype, scale_type, source=source_type, k_type=k_types.get(name))
+    if qtype == "q4_mixed":
+        q4 = mlb.Q4_0 if scale_type == "f16" else mlb.Q4_0_F32
+        q8 = mlb.Q8_0 if scale_type == "f16" else mlb.Q8_0_F32
+        total = sum(mlb.tensor_nbytes(tt, tensors[nm][0]) for nm, tt in types.items() if tt != mlb.F32)
+        names = [nm for nm, tt in types.items() if tt == q4]
+        cands = [(kind_of(nm), q4_relative_error(tensors[nm][1](), q4_scale, imat.get(nm)),
+                  mlb.tensor_nbytes(q8, tensors[nm][0]) - mlb.tensor_nbytes(q4, tensors[nm][0])) for nm in names]
+        for i in choose_q8(cands, int(total * mixed_budget)):
+            types[names[i]] = q8
     for name, (shape, loader, *source) in tensors.items():
         source_type, raw = source if source and not requantize else (None, None)
-        tt = choose_type(name, shape, qtype, scale_type, source=source_type, k_type=k_types.get(name))
+        tt = types[name]
         kept = source_type in GGUF_KEPT and GGUF_KEPT[source_type] == tt
 
         cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and q4_scale == "fit" and not kept else None
@@ -243,8 +324,10 @@ def main(argv=None):
     ap.add_argument("--k-rule", default=mlb.K_RULE, choices=list(mlb.K_RULES),
                     help="how --type q4_k_m picks the K-quant sub-block scales (docs/QUANT.md)")
     ap.add_argument("--scale-type", default="f16", choices=["f16", "f32"])
-    ap.add_argument("--imatrix", help="importance matrix (.npz from tools/q4_experiment.py imatrix) "
-                    "weighting the Q4 fit per input column")
+    ap.add_argument("--mixed-budget", type=float, default=MIXED_BUDGET * 100, metavar="PERCENT",
+                    help="--type q4_mixed: extra bytes of its Q8_0 matrices, in percent of the q4_0 weights")
+    ap.add_argument("--imatrix", help="importance matrix weighting the Q4 fit per input column "
+                    "(`ml_run MODEL --imatrix-out FILE`, or an .npz from tools/q4_experiment.py imatrix)")
     ap.add_argument("--requantize", action="store_true",
                     help="GGUF sources: keep no tensor as it is; quantise each from its dequantised floats")
     ap.add_argument("--layout", default="rows8", choices=["rows8", "rows"],
@@ -253,6 +336,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         convert(a.src, a.output, a.type, a.q4_scale, a.scale_type, imatrix=a.imatrix, k_rule=a.k_rule,
+                mixed_budget=a.mixed_budget / 100,
                 requantize=a.requantize, layout=a.layout)
     except (ConvertError, mlb.MlbError) as e:
         print(f"error: {e}", file=sys.stderr)

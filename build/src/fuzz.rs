@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use super::{cargo, repo_root, run};
 
-pub const TARGETS: &[&str] = &["mlb", "mlt", "gguf", "http_head", "json_request", "json_schema", "gbnf"];
+pub const TARGETS: &[&str] = &["mlb", "mlt", "gguf", "http_head", "json_request", "json_schema", "gbnf", "imatrix"];
 
 /// The default run: half an hour per target.
 const DEFAULT_SECONDS: u64 = 1800;

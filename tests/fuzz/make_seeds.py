@@ -17,12 +17,14 @@ that parse.
          with the `gguf` package as tests/test_gguf.py does;
   HTTP, JSON   requests as tests/test_server.py sends them (with schemas
          and tools as tests/test_structured.py and test_tools.py do);
-  schemas, GBNF   JSON Schemas and grammars as those tests give them.
+  schemas, GBNF   JSON Schemas and grammars as those tests give them;
+  imatrix  two small importance matrices as `ml_run --imatrix-out` writes them.
 
 Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt).
 """
 import json
 import pathlib
+import struct
 import subprocess
 import sys
 import tempfile
@@ -216,7 +218,19 @@ GRAMMARS = {
 }
 
 
+def imatrix_file(entries):
+    """An importance matrix as `ml_run --imatrix-out` writes it (shared/src/import/imatrix.rs)."""
+    out = bytearray(b"KRAFLA-IMATRIX-1\n") + struct.pack("<I", len(entries))
+    for name, rows, w in entries:
+        out += struct.pack("<I", len(name)) + name.encode() + struct.pack("<QI", rows, len(w))
+        out += np.asarray(w, dtype="<f4").tobytes()
+    return bytes(out)
+
+
 def main():
+    put("imatrix", "two", imatrix_file([("blk.0.attn_q", 512, [0.5, 1.0, 2.0, 0.0] * 8),
+                                         ("blk.0.ffn_down", 512, np.linspace(0, 3, 64))]))
+    put("imatrix", "empty", imatrix_file([]))
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)
         gguf_seeds(tmp)
