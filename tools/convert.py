@@ -72,8 +72,8 @@ Q4_0_Q8 = ("token_embd", "output")
 # --type q4_mixed (shared/src/import/mixed.rs, the same rule): kind -> its measured
 # share of the output error, and the default budget (extra bytes of the Q8_0
 # matrices, as a share of the q4_0 model's weight bytes).
-KIND_SHARE = {"attn_q": 0.05, "attn_k": 0.05, "attn_v": 0.20, "attn_o": 0.10,
-              "ffn_gate": 0.10, "ffn_up": 0.15, "ffn_down": 0.35}
+KIND_SHARE = {"attn_q": 0.034, "attn_k": 0.051, "attn_v": 0.233, "attn_o": 0.078,
+              "ffn_gate": 0.129, "ffn_up": 0.205, "ffn_down": 0.270}
 MIXED_BUDGET = 0.15
 
 # GGUF tensor types stored as they are (Krafla's block layouts are llama.cpp's),

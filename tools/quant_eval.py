@@ -35,11 +35,15 @@ OUT = REPO / ".cache" / "quant_eval"
 VARIANTS = {
     "q8_0": ("`--type q8_0`", ["--type", "q8_0", "--requantize"]),
     "q4_max": ("`--type q4_0 --q4-scale max`", ["--type", "q4_0", "--requantize", "--q4-scale", "max"]),
-    "q4_fit": ("`--type q4_0 --q4-scale fit` (no importance matrix)",
+    "q4_fit": ("`--type q4_0 --no-imatrix` (fitted, unweighted: the old default)",
                ["--type", "q4_0", "--requantize", "--no-imatrix"]),
     "q4_default": ("**`--type q4_0`** (the default: importance matrix from the built-in text)",
                    ["--type", "q4_0", "--requantize"]),
-    "q4_imatrix": ("`--type q4_0 --imatrix FILE`", ["--type", "q4_0", "--requantize", "--imatrix", "{imatrix}"]),
+    "q4_imatrix": ("`--type q4_0 --imatrix FILE` (Macbeth, 8 × 512 tokens)",
+                   ["--type", "q4_0", "--requantize", "--imatrix", "{imatrix}"]),
+    "q4_mixed": ("`--type q4_mixed` (budget +15 %)", ["--type", "q4_mixed", "--requantize"]),
+    "q4_mixed30": ("`--type q4_mixed --mixed-budget 30`",
+                   ["--type", "q4_mixed", "--requantize", "--mixed-budget", "30"]),
 }
 
 

@@ -12,13 +12,13 @@
 
 /// Kind → share of the output error, measured (docs/QUANT.md, "q4_mixed").
 const KIND_SHARE: &[(&str, f64)] = &[
-    ("attn_q", 0.05),
-    ("attn_k", 0.05),
-    ("attn_v", 0.20),
-    ("attn_o", 0.10),
-    ("ffn_gate", 0.10),
-    ("ffn_up", 0.15),
-    ("ffn_down", 0.35),
+    ("attn_q", 0.034),
+    ("attn_k", 0.051),
+    ("attn_v", 0.233),
+    ("attn_o", 0.078),
+    ("ffn_gate", 0.129),
+    ("ffn_up", 0.205),
+    ("ffn_down", 0.270),
 ];
 
 /// A Q4_0 candidate: its kind (`attn_v`, ...), its relative Q4_0 error,
@@ -68,7 +68,7 @@ mod tests {
     #[test]
     fn the_most_sensitive_per_byte_first_within_the_budget() {
         let cands = [c("attn_q", 0.01, 100), c("ffn_down", 0.01, 100), c("ffn_down", 0.03, 100), c("attn_v", 0.01, 10)];
-        // attn_v: 0.20 / 10 bytes; ffn_down #2: 0.35·¾ / 100; #1: 0.35·¼ / 100; attn_q: 0.05 / 100
+        // attn_v: 0.233 / 10 bytes; ffn_down #2: 0.27·¾ / 100; #1: 0.27·¼ / 100; attn_q: 0.034 / 100
         assert_eq!(choose_q8(&cands, 0), Vec::<usize>::new());
         assert_eq!(choose_q8(&cands, 10), vec![3]);
         assert_eq!(choose_q8(&cands, 110), vec![2, 3]);
