@@ -7,6 +7,8 @@
 //! "KRAFLA-IMATRIX-1\n"  u32 entries
 //! per entry: u32 name bytes, name (UTF-8), u64 rows seen, u32 columns, f32 × columns
 //! ```
+//!
+//! The entries are in the byte order of their names, each name once.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +57,9 @@ impl Imatrix {
         for _ in 0..n {
             let len = u32_of(take(4)?);
             let name = std::str::from_utf8(take(len)?).map_err(|_| "importance matrix: a name is not UTF-8")?;
+            if entries.last_key_value().is_some_and(|(last, _): (&String, _)| last.as_str() >= name) {
+                return Err(format!("importance matrix: {name:?} is out of order or repeated (names are sorted)"));
+            }
             let rows = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
             let cols = u32_of(take(4)?);
             let raw = take(cols.checked_mul(4).ok_or("importance matrix is truncated")?)?;
@@ -113,5 +118,30 @@ mod tests {
         huge.extend(1u64.to_le_bytes());
         huge.extend(u32::MAX.to_le_bytes());
         assert!(Imatrix::from_bytes(&huge).unwrap_err().contains("truncated"));
+    }
+
+    /// Found by the `imatrix` fuzz target: names out of order (or twice) would not write back
+    /// to the same bytes, and a repeated name would silently replace the first.
+    #[test]
+    fn names_must_be_sorted_and_distinct() {
+        let entry = |name: &str| {
+            let mut b = (name.len() as u32).to_le_bytes().to_vec();
+            b.extend(name.as_bytes());
+            b.extend(1u64.to_le_bytes());
+            b.extend(1u32.to_le_bytes());
+            b.extend(1.0f32.to_le_bytes());
+            b
+        };
+        let file = |names: &[&str]| {
+            let mut b = MAGIC.to_vec();
+            b.extend((names.len() as u32).to_le_bytes());
+            names.iter().for_each(|n| b.extend(entry(n)));
+            b
+        };
+        assert!(Imatrix::from_bytes(&file(&["a", "b"])).is_ok());
+        for bad in [&["b", "a"][..], &["a", "a"]] {
+            let e = Imatrix::from_bytes(&file(bad)).unwrap_err();
+            assert!(e.contains("out of order or repeated"), "{e}");
+        }
     }
 }
