@@ -264,9 +264,13 @@ def convert(src, out, qtype="q8_0", q4_scale="fit", scale_type="f16", log=sys.st
         tt = types[name]
         kept = source_type in GGUF_KEPT and GGUF_KEPT[source_type] == tt
 
-        cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and q4_scale == "fit" and not kept else None
+        cw = imat.get(name) if tt in (mlb.Q4_0, mlb.Q4_0_F32) and not kept else None
         if cw is not None and cw.shape != (shape[-1],):
             raise ConvertError(f"importance matrix entry {name} has shape {list(cw.shape)}, expected [{shape[-1]}]")
+        if imat and cw is None and tt in (mlb.Q4_0, mlb.Q4_0_F32) and not kept:
+            raise ConvertError(f"the importance matrix has no entry for {name} (made for another model?)")
+        if q4_scale != "fit":
+            cw = None
 
         def producer(loader=loader, tt=tt, shape=shape, name=name, cw=cw, raw=raw if kept else None):
             if raw is not None:

@@ -109,7 +109,12 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         pos = at + len;
         let cols = t.dims[0] as usize;
         let rows = len / row_len(ttype, cols);
-        let weights = opts.imatrix.as_ref().and_then(|m| m.weights(name, cols));
+        let weights = match &opts.imatrix {
+            Some(m) if ttype == TensorType::Q4_0 => Some(m.weights(name, cols).ok_or_else(|| {
+                format!("the importance matrix has no entry for {name} of {cols} columns (made for another model?)")
+            })?),
+            _ => None,
+        };
         let src = g.tensor_bytes(t);
         let (src_row, out_row) = (src.len() / rows, len / rows);
         // about 64 KiB of f32 a task
