@@ -130,6 +130,24 @@ def test_q4_fit_weighted():
     assert err(d1, q1).sum() < err(d3, q3).sum()
 
 
+def test_q4_fit_pieces_do_not_change_the_result(monkeypatch):
+    """The quantisers run on pieces of blocks on all cores: one block's scale and codes
+    are the same whatever the piece size (here one piece, pieces of 1000, of 7)."""
+    rng = np.random.default_rng(5)
+    b = (rng.standard_normal((3001, 32)) * np.exp(rng.uniform(-20, 20, (3001, 1)))).astype(np.float32)
+    b[::17] = 0.0
+    b[1::19, 3] = 60000.0
+    w = rng.uniform(0, 3, b.shape).astype(np.float32)
+    results = []
+    for piece in (100000, 1000, 7):
+        monkeypatch.setattr(mlb, "PIECE", piece)
+        results.append([mlb.q4_0_scales(b, "fit", sd, weights=wt, mirror=m)
+                        for sd in (np.float16, np.float32) for wt in (None, w) for m in (False, True)])
+    for other in results[1:]:
+        for (d0, q0), (d1, q1) in zip(results[0], other, strict=True):
+            assert d0.tobytes() == d1.tobytes() and np.array_equal(q0, q1)
+
+
 # --------------------------------------------------------------------------
 # converter errors
 
