@@ -207,8 +207,8 @@ def _q4_fit_piece(b, d0, q0, w, factors, mirror, scale_dtype):
     transposed so that each element index j is one contiguous row, and the
     squared error is summed over j = 0 .. 31 in order, in float32, the order
     shared/src/import/quantize.rs sums in, so both pick the same scale on
-    ties and near-ties.  The codes minus 8 are clip(rint(x / d), −8, 7): the
-    same numbers as clip(rint(x / d) + 8, 0, 15) − 8."""
+    ties and near-ties.  The codes minus 8 are clip(rint(x · (1/d)), −8, 7):
+    the same numbers as clip(rint(x · (1/d)) + 8, 0, 15) − 8 (_q4_codes)."""
     def rnd(d):  # the scale as stored
         return d.astype(scale_dtype).astype(np.float32)
 
