@@ -4,6 +4,7 @@ Binaries come from `target/release` (built by `cargo xtask test`); set
 KRAFLA_BIN to test another `ml_*` executable. The real models are downloaded
 by tools/models.py and cached under `.cache/` in the checkout.
 """
+import functools
 import json
 import os
 import pathlib
@@ -38,6 +39,12 @@ def run_ml(*args, check=True, timeout=600, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}\nstderr:\n{p.stderr}")
     return p
+
+
+@functools.cache
+def runs_here(exe) -> bool:
+    """Whether this CPU runs the build `exe` (its CPU guard exits 3 where a feature is missing)."""
+    return subprocess.run([str(exe), "--version"], capture_output=True).returncode == 0
 
 
 class ServerProcess:

@@ -4,13 +4,12 @@ decoding without them, on every x86-64 build (the ARM builds check the same thro
 with several sequences sharing a verification pass; what cannot work is refused with one line."""
 import json
 import shutil
-import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import FIXTURES, REPO, SPEC_LINE, run_ml, run_tool, speculative_matches_plain
+from conftest import FIXTURES, REPO, SPEC_LINE, run_ml, run_tool, runs_here, speculative_matches_plain
 from test_server import Server
 from test_server_batch import metrics
 
@@ -27,7 +26,7 @@ def test_greedy_output_is_identical_with_and_without_speculation_on_every_x86_bu
     if not exe.is_file():
         pytest.skip(f"no {exe}: run `cargo xtask dist linux-x86_64`")
     if CPUS[isa] is None:
-        if subprocess.run([str(exe), "--version"], capture_output=True).returncode != 0:
+        if not runs_here(exe):
             pytest.skip(f"this CPU cannot run ml_{isa}")
         cmd = [exe]
     else:
