@@ -81,9 +81,6 @@ fn to_i8(v: f32) -> i8 {
     (c + 12582912.0).to_bits() as u8 as i8
 }
 
-/// Number of fitted candidates, padded to whole vectors of lanes.
-const LANES: usize = 32;
-
 /// Rounds half to even, as `f32::round_ties_even`, in plain arithmetic
 /// that every build vectorises (SSE2 has no rounding instruction): below
 /// 2^23 adding and taking away 2^23 rounds in the current (nearest-even)
@@ -133,91 +130,162 @@ impl Q4Rule {
 /// With `weights` (one per column: the mean square of the activations the
 /// column meets, an importance matrix), the fitted search weights each
 /// element's squared error by its column's: Σ_j (r_j² · w_j), in order.
-/// The 26 fitted candidates are evaluated side by side, one per lane, so
-/// that the compiler vectorises across candidates while each candidate's
-/// error is still summed element by element in order.
+///
+/// The blocks go through the search `GROUP` at a time, one block per lane
+/// (`fit_group`), so that the compiler vectorises every step across blocks
+/// while each block's error is still summed element by element in order;
+/// a group holding a block the fast arithmetic does not cover (a
+/// non-finite value) goes block by block (`fit_block`), with the same
+/// results.
 pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32]>, out: &mut [BlockQ4_0]) {
-    let factors = fit_factors();
-    let ones = [1.0f32; QK];
-    for (i, (b, blk)) in x.chunks_exact(QK).zip(out.iter_mut()).enumerate() {
-        let b: &[f32; QK] = b.try_into().expect("a block of 32");
-        let col = i * QK % cols.max(QK);
-        let w: &[f32; QK] = match weights {
-            Some(w) => w[col..col + QK].try_into().expect("a block of 32 weights"),
-            None => &ones,
-        };
-        // the llama.cpp rule: the signed element of largest magnitude on level −8
-        let mut m = b[0];
-        for &v in &b[1..] {
-            if v.abs() > m.abs() {
-                m = v;
+    let n = (x.len() / QK).min(out.len());
+    let col = |i: usize| i * QK % cols.max(QK);
+    for g in (0..n).step_by(GROUP) {
+        let group = Group::gather(x, g, n, |i| weights.map(|w| &w[col(i)..col(i) + QK]));
+        let blocks = &mut out[g..(g + GROUP).min(n)];
+        if rule == Q4Rule::Max || !group.fast(weights.is_some()) {
+            for (l, blk) in blocks.iter_mut().enumerate() {
+                let b: &[f32; QK] = x[(g + l) * QK..][..QK].try_into().expect("a block of 32");
+                let w = weights.map(|w| w[col(g + l)..col(g + l) + QK].try_into().expect("a block of 32 weights"));
+                *blk = fit_block(b, rule, w);
             }
+        } else if weights.is_some() {
+            fit_group::<true>(&group, blocks);
+        } else {
+            fit_group::<false>(&group, blocks);
         }
-        let d0 = m / -8.0;
-        let inv0 = inverse(d0);
-        let mut best_q = [0u8; QK];
-        for (q, &v) in best_q.iter_mut().zip(b) {
-            *q = code_to_u8(floor(v * inv0 + 8.5).clamp(0.0, 15.0));
-        }
-        let mut best_d = stored(d0);
-        if rule == Q4Rule::Max {
-            pack_q4(blk, best_d, &best_q);
-            continue;
-        }
-        let best_e = squared_error(b, w, weights.is_some(), best_d, &best_q);
-
-        // the fitted candidates, lane c for factor c (lanes past 26 repeat the last)
-        let d: [f32; LANES] = std::array::from_fn(|c| stored(d0 * factors[c.min(factors.len() - 1)]));
-        let inv: [f32; LANES] = std::array::from_fn(|c| inverse(d[c]));
-        let mut e = [0.0f32; LANES];
-        // Every |v · inv| below 2^22 (a finite block: always): the same
-        // codes in fewer operations, as q − 8 = clamp(round(v · inv), −8, 7)
-        // rounded by adding and taking away 1.5·2^23 (exact there, and no NaN).
-        let small = b.iter().all(|v| v.is_finite()) && inv.iter().all(|i| m.abs() * i.abs() < 4194304.0);
-        match (small, weights.is_some()) {
-            (true, false) => {
-                for &v in b {
-                    for c in 0..LANES {
-                        let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
-                        let r = v - d[c] * q;
-                        e[c] += r * r;
-                    }
-                }
-            }
-            (true, true) => {
-                for (&v, &wj) in b.iter().zip(w) {
-                    for c in 0..LANES {
-                        let q = ((v * inv[c] + 12582912.0) - 12582912.0).clamp(-8.0, 7.0);
-                        let r = v - d[c] * q;
-                        e[c] += r * r * wj;
-                    }
-                }
-            }
-            (false, _) => {
-                for (&v, &wj) in b.iter().zip(w) {
-                    for c in 0..LANES {
-                        let q = code(v, inv[c]);
-                        let r = v - d[c] * (q - 8.0);
-                        e[c] += if weights.is_some() { r * r * wj } else { r * r };
-                    }
-                }
-            }
-        }
-        let mut best = None;
-        let mut low = best_e;
-        for (c, &ec) in e.iter().enumerate().take(factors.len()) {
-            if ec < low {
-                (best, low) = (Some(c), ec);
-            }
-        }
-        if let Some(c) = best {
-            best_d = d[c];
-            for (q, &v) in best_q.iter_mut().zip(b) {
-                *q = code_to_u8(code(v, inv[c]));
-            }
-        }
-        pack_q4(blk, best_d, &best_q);
     }
+}
+
+/// Blocks searched side by side, one per lane.
+const GROUP: usize = 8;
+
+/// `GROUP` blocks transposed, `x[j][l]` element j of block l, with their
+/// weights likewise (ones without weights), and the max rule's signed
+/// element of largest magnitude; past the last block, zero blocks.
+struct Group {
+    x: [[f32; GROUP]; QK],
+    w: [[f32; GROUP]; QK],
+    m: [f32; GROUP],
+}
+
+impl Group {
+    fn gather<'a>(x: &[f32], first: usize, n: usize, weights: impl Fn(usize) -> Option<&'a [f32]>) -> Group {
+        let mut g = Group { x: [[0.0; GROUP]; QK], w: [[1.0; GROUP]; QK], m: [0.0; GROUP] };
+        for l in 0..GROUP.min(n - first) {
+            for (row, &v) in g.x.iter_mut().zip(&x[(first + l) * QK..][..QK]) {
+                row[l] = v;
+            }
+            if let Some(w) = weights(first + l) {
+                for (row, &v) in g.w.iter_mut().zip(w) {
+                    row[l] = v;
+                }
+            }
+        }
+        // the first element of largest magnitude, with its sign
+        g.m = g.x[0];
+        for row in &g.x[1..] {
+            for (m, &v) in g.m.iter_mut().zip(row) {
+                *m = if v.abs() > m.abs() { v } else { *m };
+            }
+        }
+        g
+    }
+
+    /// Whether every block (and its weights, if any) is finite and every
+    /// |x · (1/d)| of the max rule and the candidates is below 2^22
+    /// (checked at the largest |x|), where `fit_group`'s arithmetic gives
+    /// `fit_block`'s codes.
+    fn fast(&self, weighted: bool) -> bool {
+        let finite = |rows: &[[f32; GROUP]; QK]| rows.iter().flatten().all(|v| v.is_finite());
+        let factors = fit_factors();
+        finite(&self.x)
+            && (!weighted || finite(&self.w))
+            && self.m.iter().all(|&m| {
+                let d0 = m / -8.0;
+                m.abs() * inverse(d0).abs() < 4194304.0
+                    && factors.iter().all(|&f| m.abs() * inverse(stored(d0 * f)).abs() < 4194304.0)
+            })
+    }
+}
+
+/// The fitted search over a group of finite blocks (`Group::fast`), lane l
+/// for block l: the max rule, then the 26 candidates in order, each lane's
+/// error summed over j in order, the lowest error kept (an earlier
+/// candidate on ties), exactly as `fit_block` does block by block. The
+/// codes minus 8 are clamp(round(x · (1/d)), −8, 7), rounded by adding and
+/// taking away 1.5·2^23 (exact below 2^22).
+fn fit_group<const WEIGHTED: bool>(g: &Group, out: &mut [BlockQ4_0]) {
+    const ROUND: f32 = 12582912.0;
+    let lanes = |f: &dyn Fn(usize) -> f32| -> [f32; GROUP] { std::array::from_fn(f) };
+    // the max rule: d0 = m / −8, codes ⌊x · (1/d0) + 8.5⌋ clamped to 0..15
+    let d0 = lanes(&|l| g.m[l] / -8.0);
+    let inv0 = lanes(&|l| inverse(d0[l]));
+    let mut best_d = lanes(&|l| stored(d0[l]));
+    let mut best_e = [0.0f32; GROUP];
+    for (row, w) in g.x.iter().zip(&g.w) {
+        for l in 0..GROUP {
+            let q = floor(row[l] * inv0[l] + 8.5).clamp(0.0, 15.0) - 8.0;
+            let r = row[l] - best_d[l] * q;
+            best_e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
+        }
+    }
+    let mut best: [Option<usize>; GROUP] = [None; GROUP];
+    for (c, &f) in fit_factors().iter().enumerate() {
+        let d = lanes(&|l| stored(d0[l] * f));
+        let inv = lanes(&|l| inverse(d[l]));
+        let mut e = [0.0f32; GROUP];
+        for (row, w) in g.x.iter().zip(&g.w) {
+            for l in 0..GROUP {
+                let q = ((row[l] * inv[l] + ROUND) - ROUND).clamp(-8.0, 7.0);
+                let r = row[l] - d[l] * q;
+                e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
+            }
+        }
+        for l in 0..GROUP {
+            if e[l] < best_e[l] {
+                (best[l], best_e[l], best_d[l]) = (Some(c), e[l], d[l]);
+            }
+        }
+    }
+    for (l, blk) in out.iter_mut().enumerate() {
+        let b: [f32; QK] = std::array::from_fn(|j| g.x[j][l]);
+        let q: [u8; QK] = match best[l] {
+            Some(_) => std::array::from_fn(|j| code_to_u8(code(b[j], inverse(best_d[l])))),
+            None => std::array::from_fn(|j| code_to_u8(floor(b[j] * inv0[l] + 8.5).clamp(0.0, 15.0))),
+        };
+        pack_q4(blk, best_d[l], &q);
+    }
+}
+
+/// One block by `rule`, candidate by candidate, for any values (NaN and
+/// infinities included): the max rule, then (for `Fit`) the 26 candidates,
+/// the lowest (weighted) squared error kept, an earlier one on ties.
+fn fit_block(b: &[f32; QK], rule: Q4Rule, w: Option<&[f32; QK]>) -> BlockQ4_0 {
+    let mut m = b[0];
+    for &v in &b[1..] {
+        if v.abs() > m.abs() {
+            m = v;
+        }
+    }
+    let d0 = m / -8.0;
+    let inv0 = inverse(d0);
+    let mut best_q: [u8; QK] = std::array::from_fn(|j| code_to_u8(floor(b[j] * inv0 + 8.5).clamp(0.0, 15.0)));
+    let mut best_d = stored(d0);
+    if rule == Q4Rule::Fit {
+        let mut best_e = squared_error(b, w, best_d, &best_q);
+        for f in fit_factors() {
+            let d = stored(d0 * f);
+            let q: [u8; QK] = std::array::from_fn(|j| code_to_u8(code(b[j], inverse(d))));
+            let e = squared_error(b, w, d, &q);
+            if e < best_e {
+                (best_d, best_q, best_e) = (d, q, e);
+            }
+        }
+    }
+    let mut blk = BlockQ4_0::default();
+    pack_q4(&mut blk, best_d, &best_q);
+    blk
 }
 
 /// A Q4_0 block of scale `d` and codes `q`: byte j holds codes j and j + 16.
@@ -250,12 +318,15 @@ fn code_to_u8(q: f32) -> u8 {
     (q + 12582912.0).to_bits() as u8
 }
 
-/// Σ_j (x_j − d·(q_j − 8))² (each times w_j if `weighted`) in f32, j in order.
-fn squared_error(b: &[f32; QK], w: &[f32; QK], weighted: bool, d: f32, q: &[u8; QK]) -> f32 {
+/// Σ_j (x_j − d·(q_j − 8))² (each times w_j if there are weights) in f32, j in order.
+fn squared_error(b: &[f32; QK], w: Option<&[f32; QK]>, d: f32, q: &[u8; QK]) -> f32 {
     let mut e = 0.0f32;
-    for ((&v, &q), &wj) in b.iter().zip(q).zip(w) {
-        let r = v - d * (q as f32 - 8.0);
-        e += if weighted { r * r * wj } else { r * r };
+    for j in 0..QK {
+        let r = b[j] - d * (q[j] as f32 - 8.0);
+        e += match w {
+            Some(w) => r * r * w[j],
+            None => r * r,
+        };
     }
     e
 }
@@ -397,31 +468,39 @@ mod tests {
             .collect()
     }
 
-    /// The candidates side by side pick what one candidate at a time picks,
-    /// for both rules, with and without column weights (the weights of a
-    /// block are its columns' within a row of 64).
+    /// The blocks side by side (eight lanes a group, the tail group part
+    /// empty, groups across rows) pick what one block and one candidate at a
+    /// time picks, for both rules, with and without column weights (each
+    /// block weighted by its own columns within a row of three blocks), on
+    /// finite blocks (the groups' arithmetic) and with non-finite ones mixed
+    /// in (their groups go block by block).
     #[test]
     fn lanes_pick_what_a_plain_loop_picks() {
+        const COLS: usize = 3 * QK;
         let mut rng = Rng(0x0bad_5eed_0123_4567);
-        let row_w: Vec<f32> = (0..2 * QK)
+        let row_w: Vec<f32> = (0..COLS)
             .map(|j| match j % 9 {
                 0 => 0.0,
                 1 => 1e6,
                 _ => rng.f32().abs() * 3.0,
             })
             .collect();
-        let blocks = hostile_blocks(20_000);
-        for rule in [Q4Rule::Fit, Q4Rule::Max] {
-            for weighted in [false, true] {
-                for (i, pair) in blocks.chunks_exact(2).enumerate() {
-                    let x: Vec<f32> = pair.iter().flatten().copied().collect();
-                    let mut got = [BlockQ4_0::default(); 2];
-                    quantize_q4_0(&x, 2 * QK, rule, weighted.then_some(&row_w[..]), &mut got);
-                    for (k, b) in pair.iter().enumerate() {
-                        let w: Option<&[f32; QK]> = weighted.then(|| row_w[k * QK..][..QK].try_into().unwrap());
+        let hostile = hostile_blocks(30_000);
+        let finite: Vec<[f32; QK]> = hostile.iter().filter(|b| b.iter().all(|v| v.is_finite())).copied().collect();
+        for (set, blocks) in [("finite", &finite), ("hostile", &hostile)] {
+            // whole rows, and a block count that leaves a part group at the end
+            let blocks = &blocks[..(blocks.len() / 3 - 1) * 3];
+            assert_ne!(blocks.len() % GROUP, 0);
+            let x: Vec<f32> = blocks.iter().flatten().copied().collect();
+            for rule in [Q4Rule::Fit, Q4Rule::Max] {
+                for weighted in [false, true] {
+                    let mut got = vec![BlockQ4_0::default(); blocks.len()];
+                    quantize_q4_0(&x, COLS, rule, weighted.then_some(&row_w[..]), &mut got);
+                    for (i, b) in blocks.iter().enumerate() {
+                        let w: Option<&[f32; QK]> = weighted.then(|| row_w[i % 3 * QK..][..QK].try_into().unwrap());
                         let want = plain(b, rule, w);
-                        let what = format!("{rule:?} weighted {weighted} block {i}.{k}: {b:?}");
-                        assert_eq!(bytemuck::bytes_of(&got[k]), bytemuck::bytes_of(&want), "{what}");
+                        let what = format!("{set}: {rule:?} weighted {weighted} block {i}: {b:?}");
+                        assert_eq!(bytemuck::bytes_of(&got[i]), bytemuck::bytes_of(&want), "{what}");
                     }
                 }
             }
@@ -488,8 +567,7 @@ mod tests {
             });
             let d0 = m / -8.0;
             let q0: [u8; QK] = std::array::from_fn(|j| (bb[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
-            let ones = [1.0; QK];
-            let (e4, e0) = (squared_error(bb, &ones, false, d4, &q), squared_error(bb, &ones, false, stored(d0), &q0));
+            let (e4, e0) = (squared_error(bb, None, d4, &q), squared_error(bb, None, stored(d0), &q0));
             assert!(e4 <= e0, "q4 block {i}");
         }
         // zero blocks: zero scales
