@@ -17,7 +17,7 @@ use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
 
 /// `numpy.linspace(0.8, 1.3, 26, dtype=float32)`: computed in f64 as
 /// i · ((1.3 − 0.8) / 25) + 0.8, the last one 1.3, then rounded to f32.
-fn fit_factors() -> [f32; 26] {
+fn fit_factors() -> [f32; FACTORS] {
     let step = (1.3f64 - 0.8) / 25.0;
     std::array::from_fn(|i| if i == 25 { 1.3f32 } else { (i as f64 * step + 0.8) as f32 })
 }
@@ -140,10 +140,16 @@ impl Q4Rule {
 pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32]>, out: &mut [BlockQ4_0]) {
     let n = (x.len() / QK).min(out.len());
     let col = |i: usize| i * QK % cols.max(QK);
+    if rule == Q4Rule::Max {
+        for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            *blk = fit_block(b.try_into().expect("a block of 32"), rule, None);
+        }
+        return;
+    }
     for g in (0..n).step_by(GROUP) {
         let group = Group::gather(x, g, n, |i| weights.map(|w| &w[col(i)..col(i) + QK]));
         let blocks = &mut out[g..(g + GROUP).min(n)];
-        if rule == Q4Rule::Max || !group.fast(weights.is_some()) {
+        if !group.fast(weights.is_some()) {
             for (l, blk) in blocks.iter_mut().enumerate() {
                 let b: &[f32; QK] = x[(g + l) * QK..][..QK].try_into().expect("a block of 32");
                 let w = weights.map(|w| w[col(g + l)..col(g + l) + QK].try_into().expect("a block of 32 weights"));
@@ -160,36 +166,51 @@ pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32
 /// Blocks searched side by side, one per lane.
 const GROUP: usize = 8;
 
+/// Candidates a pass of `fit_group` evaluates together (26 = 13 passes).
+const PASS: usize = 2;
+
+/// The fitted candidates.
+const FACTORS: usize = 26;
+
 /// `GROUP` blocks transposed, `x[j][l]` element j of block l, with their
-/// weights likewise (ones without weights), and the max rule's signed
-/// element of largest magnitude; past the last block, zero blocks.
+/// weights likewise (ones without weights); past the last block, zero
+/// blocks. `m` is each block's first element of largest magnitude (with
+/// its sign), `d0` the max rule's scale m / −8, `d[c]` candidate c's scale as
+/// stored, `inv0` and `inv[c]` their inverses.
 struct Group {
     x: [[f32; GROUP]; QK],
     w: [[f32; GROUP]; QK],
     m: [f32; GROUP],
+    d0: [f32; GROUP],
+    inv0: [f32; GROUP],
+    d: [[f32; GROUP]; FACTORS],
+    inv: [[f32; GROUP]; FACTORS],
 }
 
 impl Group {
     fn gather<'a>(x: &[f32], first: usize, n: usize, weights: impl Fn(usize) -> Option<&'a [f32]>) -> Group {
-        let mut g = Group { x: [[0.0; GROUP]; QK], w: [[1.0; GROUP]; QK], m: [0.0; GROUP] };
+        let mut x_t = [[0.0; GROUP]; QK];
+        let mut w_t = [[1.0; GROUP]; QK];
         for l in 0..GROUP.min(n - first) {
-            for (row, &v) in g.x.iter_mut().zip(&x[(first + l) * QK..][..QK]) {
+            for (row, &v) in x_t.iter_mut().zip(&x[(first + l) * QK..][..QK]) {
                 row[l] = v;
             }
             if let Some(w) = weights(first + l) {
-                for (row, &v) in g.w.iter_mut().zip(w) {
+                for (row, &v) in w_t.iter_mut().zip(w) {
                     row[l] = v;
                 }
             }
         }
-        // the first element of largest magnitude, with its sign
-        g.m = g.x[0];
-        for row in &g.x[1..] {
-            for (m, &v) in g.m.iter_mut().zip(row) {
+        let mut m = x_t[0];
+        for row in &x_t[1..] {
+            for (m, &v) in m.iter_mut().zip(row) {
                 *m = if v.abs() > m.abs() { v } else { *m };
             }
         }
-        g
+        let d0: [f32; GROUP] = std::array::from_fn(|l| m[l] / -8.0);
+        let factors = fit_factors();
+        let d: [[f32; GROUP]; FACTORS] = std::array::from_fn(|c| std::array::from_fn(|l| stored(d0[l] * factors[c])));
+        Group { x: x_t, w: w_t, m, d0, inv0: d0.map(inverse), d, inv: d.map(|d| d.map(inverse)) }
     }
 
     /// Whether every block (and its weights, if any) is finite and every
@@ -198,14 +219,8 @@ impl Group {
     /// `fit_block`'s codes.
     fn fast(&self, weighted: bool) -> bool {
         let finite = |rows: &[[f32; GROUP]; QK]| rows.iter().flatten().all(|v| v.is_finite());
-        let factors = fit_factors();
-        finite(&self.x)
-            && (!weighted || finite(&self.w))
-            && self.m.iter().all(|&m| {
-                let d0 = m / -8.0;
-                m.abs() * inverse(d0).abs() < 4194304.0
-                    && factors.iter().all(|&f| m.abs() * inverse(stored(d0 * f)).abs() < 4194304.0)
-            })
+        let small = |inv: &[f32; GROUP]| (0..GROUP).all(|l| self.m[l].abs() * inv[l].abs() < 4194304.0);
+        finite(&self.x) && (!weighted || finite(&self.w)) && small(&self.inv0) && self.inv.iter().all(small)
     }
 }
 
@@ -217,42 +232,43 @@ impl Group {
 /// taking away 1.5·2^23 (exact below 2^22).
 fn fit_group<const WEIGHTED: bool>(g: &Group, out: &mut [BlockQ4_0]) {
     const ROUND: f32 = 12582912.0;
-    let lanes = |f: &dyn Fn(usize) -> f32| -> [f32; GROUP] { std::array::from_fn(f) };
-    // the max rule: d0 = m / −8, codes ⌊x · (1/d0) + 8.5⌋ clamped to 0..15
-    let d0 = lanes(&|l| g.m[l] / -8.0);
-    let inv0 = lanes(&|l| inverse(d0[l]));
-    let mut best_d = lanes(&|l| stored(d0[l]));
+    // the max rule: codes ⌊x · (1/d0) + 8.5⌋ clamped to 0..15
+    let mut best_d = g.d0.map(stored);
     let mut best_e = [0.0f32; GROUP];
     for (row, w) in g.x.iter().zip(&g.w) {
         for l in 0..GROUP {
-            let q = floor(row[l] * inv0[l] + 8.5).clamp(0.0, 15.0) - 8.0;
+            let q = floor(row[l] * g.inv0[l] + 8.5).clamp(0.0, 15.0) - 8.0;
             let r = row[l] - best_d[l] * q;
             best_e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
         }
     }
+    // the candidates PASS at a time: their errors are independent sums, so
+    // the passes keep that many additions in flight
     let mut best: [Option<usize>; GROUP] = [None; GROUP];
-    for (c, &f) in fit_factors().iter().enumerate() {
-        let d = lanes(&|l| stored(d0[l] * f));
-        let inv = lanes(&|l| inverse(d[l]));
-        let mut e = [0.0f32; GROUP];
+    for first in (0..FACTORS).step_by(PASS) {
+        let (d, inv) = (&g.d[first..first + PASS], &g.inv[first..first + PASS]);
+        let mut e = [[0.0f32; GROUP]; PASS];
         for (row, w) in g.x.iter().zip(&g.w) {
-            for l in 0..GROUP {
-                let q = ((row[l] * inv[l] + ROUND) - ROUND).clamp(-8.0, 7.0);
-                let r = row[l] - d[l] * q;
-                e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
+            for k in 0..PASS {
+                for l in 0..GROUP {
+                    let q = ((row[l] * inv[k][l] + ROUND) - ROUND).clamp(-8.0, 7.0);
+                    let r = row[l] - d[k][l] * q;
+                    e[k][l] += if WEIGHTED { r * r * w[l] } else { r * r };
+                }
             }
         }
-        for l in 0..GROUP {
-            if e[l] < best_e[l] {
-                (best[l], best_e[l], best_d[l]) = (Some(c), e[l], d[l]);
+        for k in 0..PASS {
+            for l in 0..GROUP {
+                if e[k][l] < best_e[l] {
+                    (best[l], best_e[l], best_d[l]) = (Some(first + k), e[k][l], d[k][l]);
+                }
             }
         }
     }
     for (l, blk) in out.iter_mut().enumerate() {
-        let b: [f32; QK] = std::array::from_fn(|j| g.x[j][l]);
         let q: [u8; QK] = match best[l] {
-            Some(_) => std::array::from_fn(|j| code_to_u8(code(b[j], inverse(best_d[l])))),
-            None => std::array::from_fn(|j| code_to_u8(floor(b[j] * inv0[l] + 8.5).clamp(0.0, 15.0))),
+            Some(c) => std::array::from_fn(|j| code_to_u8(code(g.x[j][l], g.inv[c][l]))),
+            None => std::array::from_fn(|j| code_to_u8(floor(g.x[j][l] * g.inv0[l] + 8.5).clamp(0.0, 15.0))),
         };
         pack_q4(blk, best_d[l], &q);
     }
