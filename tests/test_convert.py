@@ -15,7 +15,7 @@ import families
 import llama2c
 import mlb
 import reference_forward as rf
-from conftest import FIXTURES, ml_bin, run_ml, run_tool, unavailable
+from conftest import FIXTURES, REPO, ml_bin, run_ml, run_tool, unavailable
 from source_common import permute_to_interleaved, unpermute_interleaved
 from source_hf import hf_meta
 
@@ -655,6 +655,50 @@ def test_llama2c_truncated(tmp_path):
     out = tmp_path / "m.mlb"
     line = _assert_clean_failure(run_tool("convert.py", ck, "-o", out, check=False), out)
     assert "truncated" in line
+
+
+def test_gguf_reader_matches_the_gguf_package_and_refuses_every_cut_and_mutation(tmp_path):
+    """tools/gguf_file.py reads what the `gguf` package's GGUFReader reads (fields, tensor
+    table, bytes); every truncation and random byte mutation of a real file either reads or
+    raises GgufError (one line), never another exception, and a count larger than the file
+    is refused before anything is allocated for it."""
+    import random
+
+    import gguf
+
+    import gguf_file
+
+    seed = REPO / "tests" / "fuzz" / "seeds" / "gguf" / "llama-1layer.gguf"
+    fields, tensors = gguf_file.read(seed)
+    r = gguf.GGUFReader(seed)
+    assert fields == {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    assert [(t.name, t.shape, t.tensor_type, t.nbytes) for t in tensors] == \
+        [(t.name, tuple(int(d) for d in t.shape), t.tensor_type, int(t.n_bytes)) for t in r.tensors]
+    for a, b in zip(tensors, r.tensors, strict=True):
+        assert a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
+    data = seed.read_bytes()
+    bad = tmp_path / "bad.gguf"
+
+    def check(raw):
+        bad.write_bytes(raw)
+        try:
+            gguf_file.read(bad)
+        except gguf_file.GgufError as e:
+            assert "\n" not in str(e) and str(e)
+    for n in range(0, len(data), 7):
+        bad.write_bytes(data[:n])
+        with pytest.raises(gguf_file.GgufError):
+            gguf_file.read(bad)
+    rng = random.Random(19)
+    for _ in range(1000):
+        raw = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        check(bytes(raw))
+    # a field count of 2^60: refused at once
+    check(data[:16] + struct.pack("<Q", 1 << 60) + data[24:])
+    with pytest.raises(gguf_file.GgufError, match="truncated"):
+        gguf_file.read(bad)
 
 
 # --------------------------------------------------------------------------

@@ -324,11 +324,8 @@ def sidecar_config(path):
 # GGUF
 # ---------------------------------------------------------------------------------------------
 
-def gguf_value(reader, key, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+def gguf_value(fields, key, default=None):
+    return fields.get(key, default)
 
 
 def spm_merges_from_scores(tokens, scores, types):
@@ -349,10 +346,10 @@ def spm_merges_from_scores(tokens, scores, types):
 
 def read_gguf(path):
     try:
-        import gguf  # noqa: PLC0415 - optional dependency, only for .gguf input
+        import gguf_file  # noqa: PLC0415 - needs the optional `gguf` package, only for .gguf input
     except ImportError as e:
         raise Unsupported(f"reading .gguf needs the `gguf` package ({e})") from None
-    r = gguf.GGUFReader(str(path))
+    r, _ = gguf_file.read(path)  # a bad file: GgufError, a ValueError
     model = gguf_value(r, "tokenizer.ggml.model")
     tokens = gguf_value(r, "tokenizer.ggml.tokens")
     if model is None or tokens is None:

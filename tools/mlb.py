@@ -183,22 +183,26 @@ _POOL = None
 def by_pieces(fn, arrays, *args):
     """fn(*pieces, *args) -> a tuple of arrays, for pieces of PIECE rows of
     `arrays` (None stays None), concatenated.  Each row's result is its own,
-    so the pieces and where they run do not change it.  More than one piece
-    runs in worker processes: numpy's loops in threads contend for the
-    interpreter lock (two threads were no faster than one, two processes
-    1.8× faster, on this 2-core machine)."""
+    so the pieces and where they run do not change it."""
     n = len(arrays[0])
     jobs = [[None if a is None else a[s:s + PIECE] for a in arrays] for s in range(0, n, PIECE)] or [arrays]
-    if len(jobs) == 1 or (os.cpu_count() or 1) == 1:
-        results = [fn(*job, *args) for job in jobs]
-    else:
-        global _POOL
-        if _POOL is None:
-            spawn = multiprocessing.get_context("spawn")
-            _POOL = concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=spawn)
-            atexit.register(_POOL.shutdown)  # before the interpreter tears modules down
-        results = list(_POOL.map(fn, *zip(*jobs, strict=True), *([a] * len(jobs) for a in args)))
+    results = in_workers(fn, jobs, *args)
     return tuple(np.concatenate(parts) for parts in zip(*results, strict=True))
+
+
+def in_workers(fn, jobs, *args):
+    """[fn(*job, *args) for job in jobs], more than one job in worker
+    processes on all cores: numpy's loops in threads contend for the
+    interpreter lock (two threads were no faster than one, two processes
+    1.8× faster, on this 2-core machine)."""
+    if len(jobs) <= 1 or (os.cpu_count() or 1) == 1:
+        return [fn(*job, *args) for job in jobs]
+    global _POOL
+    if _POOL is None:
+        spawn = multiprocessing.get_context("spawn")
+        _POOL = concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=spawn)
+        atexit.register(_POOL.shutdown)  # before the interpreter tears modules down
+    return list(_POOL.map(fn, *zip(*jobs, strict=True), *([a] * len(jobs) for a in args)))
 
 
 def _q4_fit_piece(b, d0, q0, w, factors, mirror, scale_dtype):
@@ -263,40 +267,60 @@ def unpack_q4(p):
 
 def encode(x, ttype, q4_rule="fit", col_weights=None):
     """Encode a float array into the raw bytes of tensor type ttype.
+    x may also be a matrix whose rows are read on demand (an object with
+    `shape` and `read_rows(start, stop)`, as source_gguf.GgufRows): then the
+    Q8_0 and Q4_0 pieces are read (dequantised) in the worker processes that
+    quantise them, and only the bytes they make come back.
     col_weights: optional per-column (last dim) importance for the Q4 "fit" search."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not hasattr(x, "read_rows"):
+        x = np.ascontiguousarray(x, dtype=np.float32)
     if ttype in K_BLOCK_BYTES:
         if x.shape[-1] % QK_K:
             raise MlbError(f"last dim {x.shape[-1]} is not a multiple of {QK_K}")
         return encode_k(x, ttype)
     if ttype == F32:
-        return x.astype("<f4").tobytes()
+        return np.asarray(x, dtype=np.float32).astype("<f4").tobytes()
     if ttype == F16:
-        return x.astype("<f2").tobytes()
-    if x.shape[-1] % QK:
-        raise MlbError(f"last dim {x.shape[-1]} is not a multiple of {QK}")
-    sd = np.dtype("<f2") if ttype in (Q8_0, Q4_0) else np.dtype("<f4")
-    nb = x.size // QK
-    if ttype in (Q8_0, Q8_0_F32):
-        d, q = quantize_q8_0(x, sd)
-        out = np.empty((nb, sd.itemsize + QK), np.uint8)
-        out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)
-        out[:, sd.itemsize:] = q.view(np.uint8)
-        return out.tobytes()
-    if ttype in (Q4_0, Q4_0_F32):
-        w = None
-        if col_weights is not None:
-            cw = np.asarray(col_weights, dtype=np.float32)
-            if cw.shape != (x.shape[-1],):
-                raise MlbError(f"importance vector has shape {cw.shape}, expected ({x.shape[-1]},)")
-            w = np.broadcast_to(cw, x.shape).reshape(-1, QK)
-        d, q = q4_0_scales(x.reshape(-1, QK), q4_rule, sd, weights=w)
-        out = np.empty((nb, sd.itemsize + QK // 2), np.uint8)
-        out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)
-        out[:, sd.itemsize:] = pack_q4(q)
-        return out.tobytes()
-    raise MlbError(f"unknown tensor type {ttype}")
+        return np.asarray(x, dtype=np.float32).astype("<f2").tobytes()
+    if ttype not in (Q8_0, Q8_0_F32, Q4_0, Q4_0_F32):
+        raise MlbError(f"unknown tensor type {ttype}")
+    cols = int(x.shape[-1])
+    if cols % QK:
+        raise MlbError(f"last dim {cols} is not a multiple of {QK}")
+    cw = None
+    if col_weights is not None and ttype in (Q4_0, Q4_0_F32):
+        cw = np.asarray(col_weights, dtype=np.float32)
+        if cw.shape != (cols,):
+            raise MlbError(f"importance vector has shape {cw.shape}, expected ({cols},)")
+    if q4_rule not in ("max", "fit"):
+        raise ValueError(f"unknown q4 scale rule {q4_rule!r}")
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    step = max(1, PIECE * QK // cols)  # whole rows, about PIECE blocks a piece
+    if hasattr(x, "read_rows"):
+        pieces = [(x, r, min(r + step, rows)) for r in range(0, rows, step)]
+    else:  # each piece's own rows go to the worker
+        x = x.reshape(rows, cols)
+        pieces = [(x[r:r + step], 0, len(x[r:r + step])) for r in range(0, rows, step)]
+    return b"".join(in_workers(_encode_rows, pieces, ttype, q4_rule, cw))
 
+
+def _encode_rows(source, start, stop, ttype, q4_rule, cw):
+    """The bytes of rows start..stop of `source` (an array or a `read_rows` source) in ttype."""
+    x = source.read_rows(start, stop) if hasattr(source, "read_rows") else source[start:stop]
+    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, QK)
+    sd = np.dtype("<f2") if ttype in (Q8_0, Q4_0) else np.dtype("<f4")
+    nb = b.shape[0]
+    if ttype in (Q8_0, Q8_0_F32):
+        d, q = _q8_0_piece(b, sd)
+        q = q.view(np.uint8)
+    else:
+        w = None if cw is None else np.tile(cw, stop - start).reshape(-1, QK)
+        d, q = _q4_0_piece(b, w, q4_rule, sd, FIT_FACTORS, False)
+        q = pack_q4(q)
+    out = np.empty((nb, sd.itemsize + q.shape[1]), np.uint8)
+    out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)
+    out[:, sd.itemsize:] = q
+    return out.tobytes()
 
 def decode(raw, ttype, shape):
     """Raw tensor bytes (bytes / uint8 array) -> float32 array of shape."""

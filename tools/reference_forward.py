@@ -41,7 +41,7 @@ def load_model(path):
             return dict(r.meta), {n: r.get(n) for n in r.tensors}
     meta, tensors = convert.load_source(path)
     meta = {k: v for k, v in meta.items() if not k.startswith("_")}
-    return meta, {n: ld() for n, (shape, ld) in tensors.items()}
+    return meta, {n: np.asarray(t[1](), dtype=np.float32) for n, t in tensors.items()}
 
 
 # --------------------------------------------------------------------------

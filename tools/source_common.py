@@ -4,8 +4,10 @@ the RoPE row permutations.
 A reader (source_hf.load_hf, source_gguf.load_gguf, source_llama2c.load_llama2c)
 returns (meta, tensors): meta the .mlb metadata (keys starting with `_` are
 internal and not written), tensors an ordered dict .mlb tensor name ->
-(shape, loader) where loader() gives float32 in .mlb layout (Hugging Face
-layout: [out, in], q/k rows in the `half` RoPE layout).
+(shape, loader, ...) where loader() gives float32 in .mlb layout (Hugging Face
+layout: [out, in], q/k rows in the `half` RoPE layout), or for a GGUF matrix a
+`source_gguf.GgufRows` that `numpy.asarray` reads (and `mlb.encode` reads in
+pieces, in its worker processes).
 """
 
 

@@ -25,23 +25,50 @@ GGUF_LAYER_MAP = {
 }
 
 
+class GgufRows:
+    """A GGUF matrix (rows × cols) as float32 rows, dequantised when read
+    (`read_rows`), in whichever process reads them: mlb.encode hands pieces
+    of it to its worker processes as this small object, not as floats.
+    `numpy.asarray` reads it whole."""
+
+    def __init__(self, path, offset, tensor_type, shape):
+        self.path, self.offset, self.tensor_type, self.shape = str(path), offset, tensor_type, shape
+
+    def read_rows(self, start, stop):
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType(self.tensor_type)
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = self.shape[1] // block * size
+        raw = np.memmap(self.path, np.uint8, "r", self.offset + start * row_bytes, ((stop - start), row_bytes))
+        if qtype == gguf.GGMLQuantizationType.F32:
+            return np.array(raw.view(np.float32))
+        return np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(stop - start, -1)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read_rows(0, self.shape[0])
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    @property
+    def ndim(self):
+        return 2
+
+
 def load_gguf(path):
     """A .gguf file -> (meta, tensors) (see source_common)."""
     try:
         import gguf
+
+        import gguf_file
     except ImportError:
         raise ConvertError("the `gguf` package is needed for GGUF input (pip install gguf)") from None
     try:
-        r = gguf.GGUFReader(path)
-    except Exception as e:  # noqa: BLE001  (any failure to parse is a bad file)
+        fields, table = gguf_file.read(path)
+    except (OSError, gguf_file.GgufError) as e:
         raise ConvertError(f"{path}: cannot read GGUF ({e})") from e
 
     def field(key, default=None):
-        f = r.fields.get(key)
-        if f is None:
-            return default
-        v = f.contents()
-        return v
+        return fields.get(key, default)
 
     ga = field("general.architecture")
     fam = families.from_gguf(ga)
@@ -55,7 +82,7 @@ def load_gguf(path):
             raise ConvertError(f"GGUF lacks {ga}.{key}")
         return v
 
-    tinfo = {t.name: t for t in r.tensors}
+    tinfo = {t.name: t for t in table}
     D = int(af("embedding_length", required=True))
     H = int(af("attention.head_count", required=True))
     L = int(af("block_count", required=True))
@@ -133,6 +160,8 @@ def load_gguf(path):
         shape = tuple(int(x) for x in reversed(list(t.shape)))
 
         def load():
+            if len(shape) == 2:
+                return GgufRows(path, t.offset, int(t.tensor_type), shape)
             a = gguf.quants.dequantize(t.data, t.tensor_type)
             return np.asarray(a, dtype=np.float32).reshape(shape)
 
