@@ -42,7 +42,7 @@ def main(argv=None):
     own = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default="smollm2")
-    ap.add_argument("--bin", default=str(REPO / "dist/linux-x86_64/ml_avx512vnni"))
+    ap.add_argument("--bin", default=str(REPO / "dist/linux-x86_64/ml_run"))
     ap.add_argument("-n", type=int, default=300)
     a = ap.parse_args(own)
     path = models.MODELS[a.model]() if a.model in models.MODELS else a.model

@@ -80,7 +80,7 @@ def main(argv=None):
     ap.add_argument("--calib-chunks", type=int, default=8)
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--bin", default=os.environ.get("KRAFLA_BIN", str(REPO / "dist/linux-x86_64/ml_avx512vnni")))
+    ap.add_argument("--bin", default=os.environ.get("KRAFLA_BIN", str(REPO / "dist/linux-x86_64/ml_run")))
     ap.add_argument("--threads", default="2")
     ap.add_argument("--json", help="also write the rows to this file")
     a = ap.parse_args(argv)
