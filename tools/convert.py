@@ -214,8 +214,9 @@ def choose_q8(candidates, budget):
 
 def q4_relative_error(a, q4_scale, col_weights):
     """sum w (x - x')^2 / sum w x^2 of a tensor's Q4_0 blocks x' (w: column importance or 1)."""
+    raw = mlb.encode(a, mlb.Q4_0, q4_scale, col_weights)  # a GGUF matrix: dequantised in the workers
     x = np.asarray(a, dtype=np.float32).reshape(-1, a.shape[-1])
-    y = mlb.decode(mlb.encode(x, mlb.Q4_0, q4_scale, col_weights), mlb.Q4_0, x.shape)
+    y = mlb.decode(raw, mlb.Q4_0, x.shape)
     w = np.ones(x.shape[-1]) if col_weights is None else col_weights.astype(np.float64)
     d = x.astype(np.float64) - y.astype(np.float64)
     err = float((d * d * w).sum())

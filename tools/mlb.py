@@ -322,6 +322,7 @@ def _encode_rows(source, start, stop, ttype, q4_rule, cw):
     out[:, sd.itemsize:] = q
     return out.tobytes()
 
+
 def decode(raw, ttype, shape):
     """Raw tensor bytes (bytes / uint8 array) -> float32 array of shape."""
     shape = tuple(int(s) for s in shape)

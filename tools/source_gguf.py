@@ -49,10 +49,6 @@ class GgufRows:
         a = self.read_rows(0, self.shape[0])
         return a if dtype is None else a.astype(dtype, copy=False)
 
-    @property
-    def ndim(self):
-        return 2
-
 
 def load_gguf(path):
     """A .gguf file -> (meta, tensors) (see source_common)."""
