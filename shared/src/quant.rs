@@ -195,19 +195,37 @@ pub struct BlockQ4_0x8 {
 const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
 
 /// Interleaves `bytes(row k, block b)` of eight-row groups into `out`:
-/// rows ⌊rows/8⌋·8 of a [rows][nb] matrix, group g's block b at g·nb + b.
-fn repack_x8<B, X>(w: &[B], nb: usize, what: &str, make: impl Fn([&B; ROWS8]) -> X) -> Result<Vec<X>, String> {
-    let groups = w.len().checked_div(nb).unwrap_or(0) / ROWS8;
+/// rows ⌊rows/8⌋·8 of a [rows][nb] matrix, group g's block b at g·nb + b,
+/// the blocks made on all threads.
+fn repack_x8<B: Sync, X: Send>(
+    w: &[B],
+    nb: usize,
+    what: &str,
+    make: impl Fn([&B; ROWS8]) -> X + Sync,
+) -> Result<Vec<X>, String> {
+    use rayon::prelude::*;
+    let n = w.len().checked_div(nb).unwrap_or(0) / ROWS8 * nb;
     let mut out = Vec::new();
-    out.try_reserve_exact(groups * nb)
-        .map_err(|_| format!("out of memory repacking {what} ({} bytes)", groups * nb * std::mem::size_of::<X>()))?;
-    for g in 0..groups {
-        for b in 0..nb {
-            let rows: [&B; ROWS8] = std::array::from_fn(|k| &w[(g * ROWS8 + k) * nb + b]);
-            out.push(make(rows));
-        }
-    }
+    out.try_reserve_exact(n)
+        .map_err(|_| format!("out of memory repacking {what} ({} bytes)", n * std::mem::size_of::<X>()))?;
+    (0..n)
+        .into_par_iter()
+        .map(|i| make(std::array::from_fn(|k| &w[(i / nb * ROWS8 + k) * nb + i % nb])))
+        .collect_into_vec(&mut out);
     Ok(out)
+}
+
+/// Bytes i..i + 4 of `b` as a little-endian word (the repacks move four
+/// bytes at a time).
+#[inline(always)]
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("four bytes"))
+}
+
+/// Stores `v` little-endian at bytes i..i + 4 of `b`.
+#[inline(always)]
+fn put_word(b: &mut [u8], i: usize, v: u32) {
+    b[i..i + 4].copy_from_slice(&v.to_le_bytes());
 }
 
 /// The eight-row layout of a Q8_0 matrix with `nb` blocks per row (whole
@@ -215,11 +233,13 @@ fn repack_x8<B, X>(w: &[B], nb: usize, what: &str, make: impl Fn([&B; ROWS8]) ->
 /// as its byte XOR `bias` (0x80: w + 128 as an unsigned byte, for kernels
 /// that multiply unsigned weights by signed activations).
 pub fn repack_q8_x8(w: &[BlockQ8_0], nb: usize, bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
+    let bias4 = u32::from_ne_bytes([bias; 4]);
     repack_x8(w, nb, what, |rows| {
         let mut x = BlockQ8_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK] };
         for (k, r) in rows.iter().enumerate() {
-            for (j, &q) in r.qs.iter().enumerate() {
-                x.qs[32 * (j / 4) + 4 * k + j % 4] = q as u8 ^ bias;
+            let qs: &[u8; QK] = bytemuck::cast_ref(&r.qs);
+            for i in 0..QK / 4 {
+                put_word(&mut x.qs, 32 * i + 4 * k, word(qs, 4 * i) ^ bias4);
             }
         }
         x
@@ -231,8 +251,8 @@ pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ
     repack_x8(w, nb, what, |rows| {
         let mut x = BlockQ4_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK / 2] };
         for (k, r) in rows.iter().enumerate() {
-            for (j, &q) in r.qs.iter().enumerate() {
-                x.qs[32 * (j / 4) + 4 * k + j % 4] = q;
+            for i in 0..QK / 8 {
+                put_word(&mut x.qs, 32 * i + 4 * k, word(&r.qs, 4 * i));
             }
         }
         x
@@ -322,9 +342,9 @@ pub fn repack_q4k_x8(w: &[BlockQ4K], nb: usize, what: &str) -> Result<Vec<BlockQ
                 x.scales[j][k] = sc[j];
                 x.mins[j][k] = mn[j];
             }
-            for (i, &q) in r.qs.iter().enumerate() {
-                let (c, g, e) = (i / 32, (i % 32) / 4, i % 4);
-                x.qs[256 * c + 32 * g + 4 * k + e] = q;
+            // byte 32·c + 4·g + e of the row to 256·c + 32·g + 4·k + e
+            for i in 0..QK_K / 8 {
+                put_word(&mut x.qs, 256 * (i / 8) + 32 * (i % 8) + 4 * k, word(&r.qs, 4 * i));
             }
         }
         x
@@ -339,11 +359,19 @@ pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ
             for i in 0..16 {
                 x.scales[i][k] = r.scales[i];
             }
-            for e in 0..QK_K {
-                let ((lo, lo_shift), (hi, hi_shift)) = BlockQ6Kx8::code_at(k, e);
-                let q = q6k_code(r, e);
-                x.qs[lo] |= (q & 15) << lo_shift;
-                x.qs[hi] |= (q >> 4) << hi_shift;
+            // `code_at` and `q6k_code` for the four weights e = 32·j + 4·g + 0..4
+            // at once: sub-block j's low bits from the row's ql, its high bits
+            // from qh, four bytes a word
+            for j in 0..8 {
+                let (c, p, h, r4) = (j / 2, j % 2, j / 4, j % 4);
+                for g in 0..8 {
+                    let lo = (word(&r.ql, 64 * h + 32 * (r4 % 2) + 4 * g) >> (4 * (r4 / 2))) & 0x0f0f_0f0f;
+                    let hi = (word(&r.qh, 32 * h + 4 * g) >> (2 * r4)) & 0x0303_0303;
+                    let (at_lo, at_hi) = (384 * c + 32 * g + 4 * k, 384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k);
+                    let (was_lo, was_hi) = (word(&x.qs, at_lo), word(&x.qs, at_hi));
+                    put_word(&mut x.qs, at_lo, was_lo | lo << (4 * p));
+                    put_word(&mut x.qs, at_hi, was_hi | hi << (2 * (g % 4)));
+                }
             }
         }
         x
