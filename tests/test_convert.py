@@ -104,9 +104,9 @@ def test_q4_fit_never_worse_than_max():
         assert np.all(e_fit <= e_max * (1 + 1e-6) + 1e-30)
         nz = e_max > 0
         assert np.mean(e_fit[nz] / e_max[nz]) < 0.95  # and it actually helps on average
-    # with factors >= 1 the largest weight of each block is never clipped
+    # the earlier grid search: with factors >= 1 the largest weight of each block is never clipped
     sd = np.float16
-    d, q = mlb.q4_0_scales(b, "fit", sd, factors=np.linspace(1.0, 1.3, 25))
+    d, q = mlb.q4_0_scales(b, "grid", sd, factors=np.linspace(1.0, 1.3, 25))
     y = d.astype(np.float32)[:, None] * (q - 8.0)
     r, i = np.arange(len(b)), np.abs(b).argmax(1)
     assert np.all(np.abs(y - b)[r, i] <= 0.5 * np.abs(d.astype(np.float32)) * 1.0001 + 1e-12)
@@ -141,8 +141,9 @@ def test_q4_fit_pieces_do_not_change_the_result(monkeypatch):
     results = []
     for piece in (100000, 1000, 7):
         monkeypatch.setattr(mlb, "PIECE", piece)
-        results.append([mlb.q4_0_scales(b, "fit", sd, weights=wt, mirror=m)
-                        for sd in (np.float16, np.float32) for wt in (None, w) for m in (False, True)])
+        results.append([mlb.q4_0_scales(b, rule, sd, weights=wt, mirror=m)
+                        for sd in (np.float16, np.float32) for wt in (None, w)
+                        for rule, m in (("fit", False), ("grid", False), ("grid", True))])
     for other in results[1:]:
         for (d0, q0), (d1, q1) in zip(results[0], other, strict=True):
             assert d0.tobytes() == d1.tobytes() and np.array_equal(q0, q1)

@@ -8,10 +8,12 @@ Quantisation (blocks of 32 along the last dim):
   Q8_0  d = max|x| / 127, q = round(x / d)                      (llama.cpp rule)
   Q4_0  "max": d = m / -8 where m is the signed absmax element,
               q = clamp(round(x / d) + 8, 0, 15)                 (llama.cpp rule)
-        "fit": per-block search over d = f · m / -8, f in 0.8..1.3 (26 steps,
-              plus the max rule itself), each with the scale rounded as
-              stored; picks the lowest (optionally importance-weighted)
-              squared error.  Never worse than "max" in that error.
+        "fit": the max rule, or the least-squares scale of the best of
+              eight trial scales' codes (d = f · m / -8, f in 0.8..1.3, each
+              rounded as stored), whichever has the lower (optionally
+              importance-weighted) squared error.  Never worse than "max"
+              in that error.  ("grid", the earlier default: the lowest error
+              over 26 such trial scales and the max rule.)
 K-quants (super-blocks of 256, llama.cpp's layouts): encode_k, see the
 comment above it and docs/QUANT.md.
 """
@@ -136,12 +138,20 @@ def _q4_codes(b, d):
     return np.clip(np.rint(b * idv[:, None]) + 8, 0, 15).astype(np.uint8)
 
 
-# Candidate factors for the fitted rule.  Factor f scales the llama.cpp max
-# rule scale d0 = m/-8: for f = 1 the largest weight lands on level -8, for
-# f > 1 it stays representable, for f < 1 it is clipped (to -8·d).  Measured
-# on SmolLM2-135M (docs/QUANT.md), 0.8..1.3 beat 1.0..1.3; the mirrored scale
-# (d = m/7 · f, largest weight on level +7) did not help and is off by default.
-FIT_FACTORS = np.linspace(0.8, 1.3, 26, dtype=np.float32)
+# The fitted rule (the default; shared/src/import/quantize.rs has the same
+# arithmetic, docs/QUANT.md the measurements): the max rule, or the
+# least-squares scale of the best of eight trial scales' codes, whichever has
+# the lower (importance-weighted) squared error.  The trial scales are d0·f
+# for these factors of the max rule's scale d0 = m/-8 (f < 1 clips the
+# largest weight).
+TRIAL_FACTORS = np.linspace(0.8, 1.3, 8, dtype=np.float32)
+
+# The grid search that was the default before (rule "grid": the max rule and
+# d0·f for 26 factors, the lowest error), kept for tools/q4_experiment.py and
+# docs/QUANT.md's first experiments.  Measured on SmolLM2-135M, 0.8..1.3 beat
+# 1.0..1.3; the mirrored scale (d = m/7 · f, largest weight on level +7) did
+# not help and is off by default.
+GRID_FACTORS = np.linspace(0.8, 1.3, 26, dtype=np.float32)
 
 
 def q4_0_scales(b, rule="fit", scale_dtype=np.float16, factors=None, mirror=False, weights=None):
@@ -149,17 +159,23 @@ def q4_0_scales(b, rule="fit", scale_dtype=np.float16, factors=None, mirror=Fals
 
     Returns (d as stored (scale_dtype), q uint8 [nb, 32] in 0..15).
     rule: "max"  llama.cpp's rule;
-          "fit"  search: max rule + d0·f (f in factors) [+ mirrored m/7·f if mirror],
-                 each evaluated with the scale rounded to scale_dtype, keep the
-                 lowest squared error per block (an earlier candidate on ties).
+          "fit"  the default: the max rule, then eight trial scales d0·f
+                 (TRIAL_FACTORS), each rounded to scale_dtype, whose codes'
+                 least-squares scale is refitted for the trial that it helps
+                 most; that scale (rounded) and its codes, if their error is
+                 lower than the max rule's;
+          "grid" the earlier search: max rule + d0·f (f in factors, default
+                 GRID_FACTORS) [+ mirrored m/7·f if mirror], each evaluated
+                 with the scale rounded to scale_dtype, keep the lowest
+                 squared error per block (an earlier candidate on ties).
     weights: optional [nb, 32] non-negative importance of each element in the
-             squared error ("fit" only), e.g. the mean squared activation of
-             the matching input column (an importance matrix).
+             squared error ("fit" and "grid"), e.g. the mean squared
+             activation of the matching input column (an importance matrix).
     """
-    if rule not in ("max", "fit"):
+    if rule not in ("max", "fit", "grid"):
         raise ValueError(f"unknown q4 scale rule {rule!r}")
     b = np.asarray(b, dtype=np.float32)
-    factors = FIT_FACTORS if factors is None else np.asarray(factors, dtype=np.float32)
+    factors = GRID_FACTORS if factors is None else np.asarray(factors, dtype=np.float32)
     w = None if weights is None else np.asarray(weights, dtype=np.float32).reshape(b.shape)
     return by_pieces(_q4_0_piece, [b, w], rule, np.dtype(scale_dtype), factors, mirror)
 
@@ -168,15 +184,80 @@ def _q4_0_piece(b, w, rule, scale_dtype, factors, mirror):
     d0, q0 = _q4_max_rule(b)
     if rule == "max":
         return d0.astype(scale_dtype), q0
+    if rule == "fit":
+        return _q4_lsq_piece(b, d0, q0, w, scale_dtype)
     best_d, fitted = _q4_fit_piece(b, d0, q0, w, factors, mirror, scale_dtype)
     q = q0.copy()
     q[fitted] = _q4_codes(b[fitted], best_d[fitted])
     return best_d.astype(scale_dtype), q
 
 
+def _q4_lsq_piece(b, d0, q0, w, scale_dtype):
+    """The fitted rule over blocks b [n, 32]: (d as stored, codes).  As in
+    _q4_fit_piece, the blocks are transposed and every sum runs over the
+    element index j = 0 .. 31 in order, in float32, as quantize.rs sums:
+    S_xq = Σ (x·w)·l and S_qq = Σ (w·l)·l for a trial's levels l = codes − 8 =
+    rint(clip(x · (1/d), −8, 7)); the trial with the largest S_xq²/S_qq (an
+    earlier one on ties; none if all are 0) gives d* = S_xq/S_qq, rounded,
+    and d* with its levels is kept where its error is below the max rule's."""
+    def rnd(d):  # the scale as stored (too large for f16: infinity, as quantize.rs makes it)
+        with np.errstate(over="ignore"):
+            return d.astype(scale_dtype).astype(np.float32)
+
+    def inverse(d):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+
+    def levels(d, out):
+        np.multiply(bt, inverse(d), out=out)
+        np.clip(out, -8.0, 7.0, out=out)
+        return np.rint(out, out=out)
+
+    def ordered_sum(rows):  # Σ_j rows[j], in order
+        s = np.zeros(rows.shape[1], dtype=np.float32)
+        for row in rows:
+            np.add(s, row, out=s)
+        return s
+
+    bt = np.ascontiguousarray(b.T)
+    wt = None if w is None else np.ascontiguousarray(w.T)
+    wx = bt if wt is None else bt * wt
+    lv = np.empty_like(bt)  # the work arrays, reused by every trial
+    r = np.empty_like(bt)
+    d_max = rnd(d0)
+    np.subtract(q0.T, np.float32(8.0), out=lv, dtype=np.float32)
+    e_max = _q4_err_t(bt, d_max, lv, wt, r)
+    n = bt.shape[1]
+    best_v, best_xq, best_qq = (np.zeros(n, dtype=np.float32) for _ in range(3))
+    for f in TRIAL_FACTORS:
+        levels(rnd(d0 * f), lv)
+        xq = ordered_sum(np.multiply(wx, lv, out=r))
+        if wt is not None:
+            np.multiply(wt, lv, out=r)
+            np.multiply(r, lv, out=r)
+        else:
+            np.multiply(lv, lv, out=r)
+        qq = ordered_sum(r)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            v = np.where(qq > 0, xq * xq / qq, np.float32(0.0)).astype(np.float32)
+        better = v > best_v
+        best_v = np.where(better, v, best_v)
+        best_xq = np.where(better, xq, best_xq)
+        best_qq = np.where(better, qq, best_qq)
+    found = best_v > 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d_fit = rnd((best_xq / np.where(found, best_qq, np.float32(1.0))).astype(np.float32))
+    levels(d_fit, lv)
+    q_fit = (lv.T + np.float32(8.0)).astype(np.uint8)
+    e_fit = _q4_err_t(bt, d_fit, lv, wt, r)
+    fitted = found & (e_fit < e_max)
+    q = np.where(fitted[:, None], q_fit, q0)
+    return np.where(fitted, d_fit, d_max).astype(scale_dtype), q
+
+
 # Blocks per piece of the quantisers: a piece's arrays (32 × PIECE float32)
 # stay in the cache, and pieces run in worker processes on all cores.
-PIECE = 8192
+PIECE = 4096
 _POOL = None
 
 
@@ -206,13 +287,12 @@ def in_workers(fn, jobs, *args):
 
 
 def _q4_fit_piece(b, d0, q0, w, factors, mirror, scale_dtype):
-    """The fitted search over blocks b [n, 32]: (the best scale as stored, in
-    float32; whether a scaled candidate beat the max rule).  The blocks are
-    transposed so that each element index j is one contiguous row, and the
-    squared error is summed over j = 0 .. 31 in order, in float32, the order
-    shared/src/import/quantize.rs sums in, so both pick the same scale on
-    ties and near-ties.  The codes minus 8 are clip(rint(x · (1/d)), −8, 7):
-    the same numbers as clip(rint(x · (1/d)) + 8, 0, 15) − 8 (_q4_codes)."""
+    """The grid search (rule "grid") over blocks b [n, 32]: (the best scale
+    as stored, in float32; whether a scaled candidate beat the max rule).
+    The blocks are transposed so that each element index j is one contiguous
+    row, and the squared error is summed over j = 0 .. 31 in order, in
+    float32.  The codes minus 8 are clip(rint(x · (1/d)), −8, 7): the same
+    numbers as clip(rint(x · (1/d)) + 8, 0, 15) − 8 (_q4_codes)."""
     def rnd(d):  # the scale as stored
         return d.astype(scale_dtype).astype(np.float32)
 
@@ -271,7 +351,7 @@ def encode(x, ttype, q4_rule="fit", col_weights=None):
     `shape` and `read_rows(start, stop)`, as source_gguf.GgufRows): then the
     Q8_0 and Q4_0 pieces are read (dequantised) in the worker processes that
     quantise them, and only the bytes they make come back.
-    col_weights: optional per-column (last dim) importance for the Q4 "fit" search."""
+    col_weights: optional per-column (last dim) importance for the Q4 "fit" rule."""
     if not hasattr(x, "read_rows"):
         x = np.ascontiguousarray(x, dtype=np.float32)
     if ttype in K_BLOCK_BYTES:
@@ -315,7 +395,7 @@ def _encode_rows(source, start, stop, ttype, q4_rule, cw):
         q = q.view(np.uint8)
     else:
         w = None if cw is None else np.tile(cw, stop - start).reshape(-1, QK)
-        d, q = _q4_0_piece(b, w, q4_rule, sd, FIT_FACTORS, False)
+        d, q = _q4_0_piece(b, w, q4_rule, sd, GRID_FACTORS, False)
         q = pack_q4(q)
     out = np.empty((nb, sd.itemsize + q.shape[1]), np.uint8)
     out[:, :sd.itemsize] = d.astype(sd).view(np.uint8).reshape(nb, sd.itemsize)

@@ -155,7 +155,8 @@ KINDS = ["token_embd", "attn_q", "attn_k", "attn_v", "attn_o", "ffn_gate", "ffn_
 
 def variants(imat=None):
     """All measured variants.  "embd q8" = token_embd/output kept in Q8_0;
-    "fit A-B" = search factors A..B; "+mirror" also tries d = m/7·f;
+    "fit A-B" = the grid search (mlb's rule "grid", the default of that
+    time) over factors A..B; "+mirror" also tries d = m/7·f;
     "+imatrix" weights the squared error by the column importance."""
     Q4, Q8 = mlb.Q4_0, mlb.Q8_0
     E8 = {"token_embd": Q8, "output": Q8}
@@ -163,7 +164,7 @@ def variants(imat=None):
     F08 = np.linspace(0.8, 1.3, 26)
 
     def fit(per_kind, factors, mirror=False, im=False):
-        return _variant(Q4, per_kind, rule="fit", factors=factors, mirror=mirror, imat=imat if im else None)
+        return _variant(Q4, per_kind, rule="grid", factors=factors, mirror=mirror, imat=imat if im else None)
 
     v = {
         "f32": None,
@@ -187,7 +188,7 @@ def variants(imat=None):
         v["q4_0 fit 0.8-1.3+imatrix, embd q8"] = fit(E8, F08, False, True)
     # per-kind sensitivity: only that kind in Q4, everything else Q8
     for k in KINDS:
-        v[f"only {k} q4 (fit 1.0-1.3+mirror)"] = _variant(Q8, {k: Q4}, rule="fit", factors=F10, mirror=True)
+        v[f"only {k} q4 (fit 1.0-1.3+mirror)"] = _variant(Q8, {k: Q4}, rule="grid", factors=F10, mirror=True)
     return v
 
 
@@ -216,10 +217,10 @@ def run_experiment(src, out, names=None, chunks=16):
             continue
         fn = allv.get(name)
         if fn is None and name.startswith("mixed"):
-            # "mixed:attn_v,ffn_down" = q4 fit (default factors) with token_embd/output and
+            # "mixed:attn_v,ffn_down" = q4 grid search (its default factors) with token_embd/output and
             # the listed kinds in q8; "mixed+imatrix:..." the same with the importance matrix
             keep = ["token_embd", "output"] + [k for k in name.split(":", 1)[1].split(",") if k]
-            fn = _variant(mlb.Q4_0, {k: mlb.Q8_0 for k in keep}, rule="fit", factors=mlb.FIT_FACTORS,
+            fn = _variant(mlb.Q4_0, {k: mlb.Q8_0 for k in keep}, rule="grid", factors=mlb.GRID_FACTORS,
                           imat=imat if name.startswith("mixed+imatrix:") else None)
         if fn is None:
             raise SystemExit(f"unknown variant {name!r}")

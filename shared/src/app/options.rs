@@ -80,7 +80,7 @@ pub struct RunArgs {
     /// GGUF models: how Q4_0 scales are chosen (docs/QUANT.md).
     #[arg(long = "q4-scale", value_enum, default_value_t = Q4Rule::Fit)]
     pub q4_scale: Q4Rule,
-    /// GGUF models: weight the fitted Q4_0 search by this importance matrix (written by
+    /// GGUF models: weight the fitted Q4_0 rule by this importance matrix (written by
     /// ml_run --imatrix-out) instead of the one measured at load on the built-in text.
     #[arg(long, value_name = "FILE", conflicts_with = "no_imatrix")]
     pub imatrix: Option<PathBuf>,

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::dequant::dequantize;
 use super::families::{self, Family, FULL, SLIDING};
 use super::mixed;
-use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule};
+use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule, BAND_ROWS};
 use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
@@ -117,8 +117,8 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         };
         let src = g.tensor_bytes(t);
         let (src_row, out_row) = (src.len() / rows, len / rows);
-        // about 64 KiB of f32 a task
-        let chunk = (16384 / cols).max(1);
+        // about 64 KiB of f32 a task, in whole bands of the Q4_0 quantiser's rows
+        let chunk = (16384 / cols).max(1).next_multiple_of(BAND_ROWS);
         for (s, o) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)) {
             tasks.push((t.ty, ttype, cols, weights, s, o));
         }
@@ -167,7 +167,7 @@ fn mixed_q8(g: &Gguf, plan: &[(String, &Tensor)], types: &[TensorType], opts: &I
 fn q4_relative_error(ty: GgmlType, src: &[u8], cols: usize, rule: Q4Rule, weights: Option<&[f32]>) -> f64 {
     let (block_elems, block_bytes) = ty.block();
     let row_bytes = cols / block_elems * block_bytes;
-    let rows = (16384 / cols).max(1);
+    let rows = (16384 / cols).max(1).next_multiple_of(BAND_ROWS);
     let parts: Vec<(f64, f64)> = src
         .par_chunks(rows * row_bytes)
         .map(|chunk| {

@@ -48,7 +48,7 @@ pub struct ImportOptions {
     /// How Q4_0 scales are chosen.
     pub q4_rule: Q4Rule,
     /// Per matrix name, the mean square of each input column (weights the
-    /// fitted Q4_0 search).
+    /// fitted Q4_0 rule).
     pub imatrix: Option<std::sync::Arc<imatrix::Imatrix>>,
     /// `q4_mixed`: the extra bytes its Q8_0 matrices may take, as a share
     /// of the model's weight bytes in `q4_0`.

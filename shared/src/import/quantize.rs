@@ -4,22 +4,29 @@
 //! `tools/convert.py` give the same bytes.
 //!
 //! * Q8_0: d = max|x| / 127, q = round-half-even(x · (1/d)), d stored as f16.
-//! * Q4_0 (fitted): the llama.cpp rule first (d0 = m / −8 for the signed
-//!   element of largest magnitude, q = clamp(⌊x · (1/d0) + 8.5⌋, 0, 15)),
-//!   then d = d0 · f for the 26 factors f of `fit_factors`, each with the
-//!   scale rounded to f16 as stored and q = 8 + round-half-even(x · (1/d))
-//!   clamped to 0..15; the lowest squared error wins, summed in f32
-//!   element by element, an earlier candidate on ties.
+//! * Q4_0, max rule (llama.cpp's): for the signed element m of largest
+//!   magnitude, d0 = m / −8, codes q = clamp(⌊x · (1/d0) + 8.5⌋, 0, 15).
+//! * Q4_0, fitted (the default): the max rule's squared error E0 first;
+//!   then eight trial scales d = d0 · f (f in 0.8 … 1.3, `trial_factors`),
+//!   each rounded to f16 as stored, with levels q − 8 = round-half-even(
+//!   clamp(x · (1/d), −8, 7)), and their least-squares sums S_xq = Σ (x·w)·
+//!   (q − 8), S_qq = Σ (w·(q − 8))·(q − 8); the trial with the largest
+//!   S_xq² / S_qq (the most error its codes' best scale removes; an earlier
+//!   one on ties) gives the scale d* = S_xq / S_qq, rounded to f16, whose
+//!   codes are computed as the trials' are; it is kept if its squared error
+//!   Σ (x − d*·(q − 8))²·w is below E0, else the max rule. Every sum runs in
+//!   f32 element by element in order; w is the column's importance (1
+//!   without an importance matrix).
 
 use half::f16;
 
 use crate::quant::{BlockQ4_0, BlockQ8_0, QK};
 
-/// `numpy.linspace(0.8, 1.3, 26, dtype=float32)`: computed in f64 as
-/// i · ((1.3 − 0.8) / 25) + 0.8, the last one 1.3, then rounded to f32.
-fn fit_factors() -> [f32; FACTORS] {
-    let step = (1.3f64 - 0.8) / 25.0;
-    std::array::from_fn(|i| if i == 25 { 1.3f32 } else { (i as f64 * step + 0.8) as f32 })
+/// `numpy.linspace(0.8, 1.3, 8, dtype=float32)`: computed in f64 as
+/// i · ((1.3 − 0.8) / 7) + 0.8, the last one 1.3, then rounded to f32.
+fn trial_factors() -> [f32; TRIALS] {
+    let step = (1.3f64 - 0.8) / (TRIALS - 1) as f64;
+    std::array::from_fn(|i| if i == TRIALS - 1 { 1.3f32 } else { (i as f64 * step + 0.8) as f32 })
 }
 
 /// A scale as an f16 field holds it.
@@ -110,8 +117,9 @@ fn floor(x: f32) -> f32 {
 /// How a Q4_0 block's scale is chosen (`--q4-scale`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Q4Rule {
-    /// The fitted search: the max rule and 26 scaled candidates, the
-    /// lowest (importance-weighted) squared error.
+    /// The fitted rule: the max rule, or the least-squares scale of the
+    /// best of eight trial scales' codes, whichever has the lower
+    /// (importance-weighted) squared error.
     Fit,
     /// llama.cpp's rule: the element of largest magnitude on level −8.
     Max,
@@ -128,76 +136,122 @@ impl Q4Rule {
 
 /// Q4_0 blocks of `x` (whole rows of `cols`, a multiple of 32) by `rule`.
 /// With `weights` (one per column: the mean square of the activations the
-/// column meets, an importance matrix), the fitted search weights each
-/// element's squared error by its column's: Σ_j (r_j² · w_j), in order.
+/// column meets, an importance matrix), the fitted rule weights each
+/// element's squared error by its column's (module comment).
 ///
-/// The blocks go through the search `GROUP` at a time, one block per lane
-/// (`fit_group`), so that the compiler vectorises every step across blocks
-/// while each block's error is still summed element by element in order;
-/// a group holding a block the fast arithmetic does not cover (a
-/// non-finite value) goes block by block (`fit_block`), with the same
-/// results.
+/// The blocks go through `GROUP` at a time, one block per vector lane
+/// (`Group`), so that the compiler vectorises every step across blocks
+/// while each block's sums still run element by element in order: in bands
+/// of `GROUP` rows, lane l the block of row l at one column (so the lanes
+/// share their column weights), and the rows after the last whole band
+/// `GROUP` consecutive blocks at a time. A group holding a block the fast
+/// arithmetic does not cover (a non-finite value, or a max-rule scale
+/// whose inverse overflows) goes block by block (`fit_block`), with the
+/// same results.
 pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32]>, out: &mut [BlockQ4_0]) {
     let n = (x.len() / QK).min(out.len());
-    let col = |i: usize| i * QK % cols.max(QK);
-    if rule == Q4Rule::Max {
-        for (b, blk) in x.chunks_exact(QK).zip(out.iter_mut()) {
-            *blk = fit_block(b.try_into().expect("a block of 32"), rule, None);
-        }
-        return;
-    }
-    for g in (0..n).step_by(GROUP) {
-        let group = Group::gather(x, g, n, |i| weights.map(|w| &w[col(i)..col(i) + QK]));
-        let blocks = &mut out[g..(g + GROUP).min(n)];
-        if !group.fast(weights.is_some()) {
-            for (l, blk) in blocks.iter_mut().enumerate() {
-                let b: &[f32; QK] = x[(g + l) * QK..][..QK].try_into().expect("a block of 32");
-                let w = weights.map(|w| w[col(g + l)..col(g + l) + QK].try_into().expect("a block of 32 weights"));
-                *blk = fit_block(b, rule, w);
+    let nb = (cols / QK).max(1);
+    let weights = weights.filter(|_| rule == Q4Rule::Fit);
+    let col = |i: usize| i % nb * QK;
+    let block = |i: usize| -> &[f32; QK] { x[i * QK..][..QK].try_into().expect("a block of 32") };
+    let block_weights =
+        |i: usize| -> Option<&[f32; QK]> { weights.map(|w| w[col(i)..][..QK].try_into().expect("32 weights")) };
+    // the lanes' block indices, and the group made from them
+    let mut quantize = |lanes: &[usize], group: Group| {
+        let made = if group.fast(weights.is_some()) {
+            match (rule, weights.is_some()) {
+                (Q4Rule::Max, _) => group.pack(&group.max_rule_levels(), &group.d0.map(stored)),
+                (Q4Rule::Fit, true) => group.fit::<true>(),
+                (Q4Rule::Fit, false) => group.fit::<false>(),
             }
-        } else if weights.is_some() {
-            fit_group::<true>(&group, blocks);
         } else {
-            fit_group::<false>(&group, blocks);
+            std::array::from_fn(|l| {
+                lanes.get(l).map_or_else(BlockQ4_0::default, |&i| fit_block(block(i), rule, block_weights(i)))
+            })
+        };
+        for (&i, blk) in lanes.iter().zip(made) {
+            out[i] = blk;
         }
+    };
+    let banded = n / nb / GROUP * GROUP;
+    for r in (0..banded).step_by(GROUP) {
+        for c in 0..nb {
+            let lanes: [usize; GROUP] = std::array::from_fn(|l| (r + l) * nb + c);
+            let group = Group::new(|l| Some(block(lanes[l])), |_| block_weights(c));
+            quantize(&lanes, group);
+        }
+    }
+    for first in (banded * nb..n).step_by(GROUP) {
+        let lanes: Vec<usize> = (first..(first + GROUP).min(n)).collect();
+        let group = Group::new(|l| lanes.get(l).map(|&i| block(i)), |l| lanes.get(l).and_then(|&i| block_weights(i)));
+        quantize(&lanes, group);
     }
 }
 
-/// Blocks searched side by side, one per lane.
-const GROUP: usize = 8;
+/// Blocks quantised side by side, one per lane: as many f32 as one vector
+/// register of the build holds (AVX-512: 16; AVX2, SSE and NEON builds: 8,
+/// two or four registers a step, which keeps that many additions in flight).
+const GROUP: usize = if cfg!(target_feature = "avx512f") { 16 } else { 8 };
 
-/// Candidates a pass of `fit_group` evaluates together (26 = 13 passes).
+/// Rows `quantize_q4_0` takes together (its lanes): whole bands of them
+/// avoid its slower path for the rows after the last band.
+pub const BAND_ROWS: usize = GROUP;
+
+/// Trial scales a pass of `Group::fit` evaluates together (8 = 4 passes):
+/// their sums are independent, so a pass keeps four chains of additions
+/// in flight.
 const PASS: usize = 2;
 
-/// The fitted candidates.
-const FACTORS: usize = 26;
+/// The trial scales of the fitted rule.
+const TRIALS: usize = 8;
+
+/// Adding and taking away 1.5·2^23 rounds an f32 of magnitude below 2^22
+/// to a whole number, half to even.
+const ROUND: f32 = 12582912.0;
 
 /// `GROUP` blocks transposed, `x[j][l]` element j of block l, with their
 /// weights likewise (ones without weights); past the last block, zero
 /// blocks. `m` is each block's first element of largest magnitude (with
-/// its sign), `d0` the max rule's scale m / −8, `d[c]` candidate c's scale as
-/// stored, `inv0` and `inv[c]` their inverses.
+/// its sign), `d0` the max rule's scale m / −8 (before rounding to f16) and
+/// `inv0` its inverse.
 struct Group {
     x: [[f32; GROUP]; QK],
     w: [[f32; GROUP]; QK],
     m: [f32; GROUP],
     d0: [f32; GROUP],
     inv0: [f32; GROUP],
-    d: [[f32; GROUP]; FACTORS],
-    inv: [[f32; GROUP]; FACTORS],
 }
 
 impl Group {
-    fn gather<'a>(x: &[f32], first: usize, n: usize, weights: impl Fn(usize) -> Option<&'a [f32]>) -> Group {
+    /// Lane l's block and weights (`None` past the last block: a zero
+    /// block; weights `None`: ones); lanes whose weights are the same
+    /// slice (a band of rows) copy it once and share it.
+    fn new<'a>(
+        block: impl Fn(usize) -> Option<&'a [f32; QK]>,
+        weights: impl Fn(usize) -> Option<&'a [f32; QK]>,
+    ) -> Group {
         let mut x_t = [[0.0; GROUP]; QK];
         let mut w_t = [[1.0; GROUP]; QK];
-        for l in 0..GROUP.min(n - first) {
-            for (row, &v) in x_t.iter_mut().zip(&x[(first + l) * QK..][..QK]) {
-                row[l] = v;
-            }
-            if let Some(w) = weights(first + l) {
-                for (row, &v) in w_t.iter_mut().zip(w) {
+        for l in 0..GROUP {
+            if let Some(b) = block(l) {
+                for (row, &v) in x_t.iter_mut().zip(b) {
                     row[l] = v;
+                }
+            }
+        }
+        match weights(0) {
+            Some(w) if (1..GROUP).all(|l| weights(l).is_some_and(|wl| std::ptr::eq(wl, w))) => {
+                for (row, &v) in w_t.iter_mut().zip(w) {
+                    *row = [v; GROUP];
+                }
+            }
+            _ => {
+                for l in 0..GROUP {
+                    if let Some(w) = weights(l) {
+                        for (row, &v) in w_t.iter_mut().zip(w) {
+                            row[l] = v;
+                        }
+                    }
                 }
             }
         }
@@ -207,76 +261,175 @@ impl Group {
                 *m = if v.abs() > m.abs() { v } else { *m };
             }
         }
-        let d0: [f32; GROUP] = std::array::from_fn(|l| m[l] / -8.0);
-        let factors = fit_factors();
-        let d: [[f32; GROUP]; FACTORS] = std::array::from_fn(|c| std::array::from_fn(|l| stored(d0[l] * factors[c])));
-        Group { x: x_t, w: w_t, m, d0, inv0: d0.map(inverse), d, inv: d.map(|d| d.map(inverse)) }
+        let d0 = m.map(|m| m / -8.0);
+        Group { x: x_t, w: w_t, m, d0, inv0: d0.map(inverse) }
     }
 
     /// Whether every block (and its weights, if any) is finite and every
-    /// |x · (1/d)| of the max rule and the candidates is below 2^22
-    /// (checked at the largest |x|), where `fit_group`'s arithmetic gives
-    /// `fit_block`'s codes.
+    /// |m · (1/d0)| is below 2^22, where the arithmetic of `fit` and
+    /// `max_rule_levels` gives `fit_block`'s codes.
     fn fast(&self, weighted: bool) -> bool {
-        let finite = |rows: &[[f32; GROUP]; QK]| rows.iter().flatten().all(|v| v.is_finite());
-        let small = |inv: &[f32; GROUP]| (0..GROUP).all(|l| self.m[l].abs() * inv[l].abs() < 4194304.0);
-        finite(&self.x) && (!weighted || finite(&self.w)) && small(&self.inv0) && self.inv.iter().all(small)
+        // the largest magnitude's bits: below infinity's iff all are finite
+        let widest = |rows: &[[f32; GROUP]; QK]| {
+            let mut widest = [0u32; GROUP];
+            for row in rows {
+                for (m, v) in widest.iter_mut().zip(row) {
+                    *m = (*m).max(v.to_bits() & 0x7fff_ffff);
+                }
+            }
+            widest.into_iter().max().unwrap_or(0)
+        };
+        let small = (0..GROUP).all(|l| (self.m[l] * self.inv0[l]).abs() < 4194304.0);
+        small && widest(&self.x) < 0x7f80_0000 && (!weighted || widest(&self.w) < 0x7f80_0000)
     }
-}
 
-/// The fitted search over a group of finite blocks (`Group::fast`), lane l
-/// for block l: the max rule, then the 26 candidates in order, each lane's
-/// error summed over j in order, the lowest error kept (an earlier
-/// candidate on ties), exactly as `fit_block` does block by block. The
-/// codes minus 8 are clamp(round(x · (1/d)), −8, 7), rounded by adding and
-/// taking away 1.5·2^23 (exact below 2^22).
-fn fit_group<const WEIGHTED: bool>(g: &Group, out: &mut [BlockQ4_0]) {
-    const ROUND: f32 = 12582912.0;
-    // the max rule: codes ⌊x · (1/d0) + 8.5⌋ clamped to 0..15
-    let mut best_d = g.d0.map(stored);
-    let mut best_e = [0.0f32; GROUP];
-    for (row, w) in g.x.iter().zip(&g.w) {
-        for l in 0..GROUP {
-            let q = floor(row[l] * g.inv0[l] + 8.5).clamp(0.0, 15.0) - 8.0;
-            let r = row[l] - best_d[l] * q;
-            best_e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
+    /// The max rule's levels (codes minus 8): ⌊x · (1/d0) + 8.5⌋ clamped to
+    /// 0..15, less 8.
+    fn max_rule_levels(&self) -> [[f32; GROUP]; QK] {
+        let mut q = [[0.0; GROUP]; QK];
+        for (q, x) in q.iter_mut().zip(&self.x) {
+            for l in 0..GROUP {
+                q[l] = floor(x[l] * self.inv0[l] + 8.5).clamp(0.0, 15.0) - 8.0;
+            }
         }
+        q
     }
-    // the candidates PASS at a time: their errors are independent sums, so
-    // the passes keep that many additions in flight
-    let mut best: [Option<usize>; GROUP] = [None; GROUP];
-    for first in (0..FACTORS).step_by(PASS) {
-        let (d, inv) = (&g.d[first..first + PASS], &g.inv[first..first + PASS]);
-        let mut e = [[0.0f32; GROUP]; PASS];
-        for (row, w) in g.x.iter().zip(&g.w) {
+
+    /// Each lane's levels for the scales with inverses `inv`:
+    /// round(clamp(x · inv, −8, 7)) (the same numbers as clamp(round(x ·
+    /// inv), −8, 7) for any x · inv, infinities included), rounded by
+    /// `ROUND`.
+    #[inline(always)]
+    fn level(x: f32, inv: f32) -> f32 {
+        ((x * inv).clamp(-8.0, 7.0) + ROUND) - ROUND
+    }
+
+    /// Each lane's squared error Σ_j (x_j − d·q_j)² · w_j, j in order.
+    #[inline(always)]
+    fn error<const WEIGHTED: bool>(&self, d: &[f32; GROUP], q: &[[f32; GROUP]; QK]) -> [f32; GROUP] {
+        let mut e = [0.0f32; GROUP];
+        for ((x, w), q) in self.x.iter().zip(&self.w).zip(q) {
+            for l in 0..GROUP {
+                let r = x[l] - d[l] * q[l];
+                e[l] += if WEIGHTED { r * r * w[l] } else { r * r };
+            }
+        }
+        e
+    }
+
+    /// The fitted rule, lane l for block l, exactly as `fit_block` does it
+    /// block by block: the eight trial scales' least-squares sums, two
+    /// trials a pass, the best trial's scale refitted, and that or the max
+    /// rule by their errors.
+    fn fit<const WEIGHTED: bool>(&self) -> [BlockQ4_0; GROUP] {
+        let q0 = self.max_rule_levels();
+        let d_max = self.d0.map(stored);
+        let e_max = self.error::<WEIGHTED>(&d_max, &q0);
+        let mut wx = self.x;
+        if WEIGHTED {
+            for (wx, w) in wx.iter_mut().zip(&self.w) {
+                for l in 0..GROUP {
+                    wx[l] *= w[l];
+                }
+            }
+        }
+        // the best trial's S_xq² / S_qq (0: none yet) and its two sums
+        let (mut best_v, mut best_xq, mut best_qq) = ([0.0f32; GROUP], [0.0f32; GROUP], [0.0f32; GROUP]);
+        let factors = trial_factors();
+        for first in (0..TRIALS).step_by(PASS) {
+            let mut inv = [[0.0f32; GROUP]; PASS];
+            for (k, inv) in inv.iter_mut().enumerate() {
+                for (inv, &d0) in inv.iter_mut().zip(&self.d0) {
+                    *inv = inverse(stored_fast(d0 * factors[first + k]));
+                }
+            }
+            let (mut xq, mut qq) = ([[0.0f32; GROUP]; PASS], [[0.0f32; GROUP]; PASS]);
+            for ((x, w), wx) in self.x.iter().zip(&self.w).zip(&wx) {
+                for k in 0..PASS {
+                    for l in 0..GROUP {
+                        let q = Self::level(x[l], inv[k][l]);
+                        xq[k][l] += wx[l] * q;
+                        qq[k][l] += if WEIGHTED { w[l] * q * q } else { q * q };
+                    }
+                }
+            }
             for k in 0..PASS {
                 for l in 0..GROUP {
-                    let q = ((row[l] * inv[k][l] + ROUND) - ROUND).clamp(-8.0, 7.0);
-                    let r = row[l] - d[k][l] * q;
-                    e[k][l] += if WEIGHTED { r * r * w[l] } else { r * r };
+                    let v = if qq[k][l] > 0.0 { xq[k][l] * xq[k][l] / qq[k][l] } else { 0.0 };
+                    let better = v > best_v[l];
+                    best_v[l] = if better { v } else { best_v[l] };
+                    best_xq[l] = if better { xq[k][l] } else { best_xq[l] };
+                    best_qq[l] = if better { qq[k][l] } else { best_qq[l] };
                 }
             }
         }
-        for k in 0..PASS {
+        let mut d_fit = [0.0f32; GROUP];
+        let mut inv_fit = [0.0f32; GROUP];
+        for l in 0..GROUP {
+            // 0/1 where no trial was found: those lanes keep the max rule below
+            d_fit[l] = stored_fast(best_xq[l] / if best_v[l] > 0.0 { best_qq[l] } else { 1.0 });
+            inv_fit[l] = inverse(d_fit[l]);
+        }
+        let mut q_fit = [[0.0f32; GROUP]; QK];
+        for (q, x) in q_fit.iter_mut().zip(&self.x) {
             for l in 0..GROUP {
-                if e[k][l] < best_e[l] {
-                    (best[l], best_e[l], best_d[l]) = (Some(first + k), e[k][l], d[k][l]);
-                }
+                q[l] = Self::level(x[l], inv_fit[l]);
             }
         }
+        let e_fit = self.error::<WEIGHTED>(&d_fit, &q_fit);
+        let fitted: [bool; GROUP] = std::array::from_fn(|l| best_v[l] > 0.0 && e_fit[l] < e_max[l]);
+        for (q, q0) in q_fit.iter_mut().zip(&q0) {
+            for l in 0..GROUP {
+                q[l] = if fitted[l] { q[l] } else { q0[l] };
+            }
+        }
+        let d: [f32; GROUP] = std::array::from_fn(|l| if fitted[l] { d_fit[l] } else { d_max[l] });
+        self.pack(&q_fit, &d)
     }
-    for (l, blk) in out.iter_mut().enumerate() {
-        let q: [u8; QK] = match best[l] {
-            Some(c) => std::array::from_fn(|j| code_to_u8(code(g.x[j][l], g.inv[c][l]))),
-            None => std::array::from_fn(|j| code_to_u8(floor(g.x[j][l] * g.inv0[l] + 8.5).clamp(0.0, 15.0))),
-        };
-        pack_q4(blk, best_d[l], &q);
+
+    /// Lane l's levels and scale as block l: the nibble bytes made across
+    /// the lanes (a level plus 8 + 1.5·2^23 holds the code in the low bits
+    /// of its f32), then handed out block by block.
+    fn pack(&self, q: &[[f32; GROUP]; QK], d: &[f32; GROUP]) -> [BlockQ4_0; GROUP] {
+        let mut bytes = [[0u8; GROUP]; QK / 2];
+        for (j, b) in bytes.iter_mut().enumerate() {
+            for l in 0..GROUP {
+                let lo = (q[j][l] + (8.0 + ROUND)).to_bits() & 15;
+                let hi = (q[j + QK / 2][l] + (8.0 + ROUND)).to_bits() & 15;
+                b[l] = (lo | hi << 4) as u8;
+            }
+        }
+        std::array::from_fn(|l| BlockQ4_0 { d: f16::from_f32(d[l]), qs: std::array::from_fn(|j| bytes[j][l]) })
     }
 }
 
-/// One block by `rule`, candidate by candidate, for any values (NaN and
-/// infinities included): the max rule, then (for `Fit`) the 26 candidates,
-/// the lowest (weighted) squared error kept, an earlier one on ties.
+/// `stored(d)` (f16::from_f32(d).to_f32()) for any d but NaN, in integer
+/// and float operations every build vectorises: from 2^−14 (f16's
+/// smallest normal) on, the f32 bits rounded half to even at bit 13 (a
+/// carry moves into the exponent as it should; 65520 and more become
+/// infinity); below, the nearest multiple of 2^−24, half to even.
+#[inline(always)]
+fn stored_fast(d: f32) -> f32 {
+    let bits = d.to_bits();
+    let abs = bits & 0x7fff_ffff;
+    let rounded = if abs >= 0x3880_0000 {
+        let r = (abs + 0x0fff + ((abs >> 13) & 1)) & !0x1fff;
+        if r >= 0x4780_0000 {
+            0x7f80_0000
+        } else {
+            r
+        }
+    } else {
+        // exact scalings by powers of two around a rounding to a whole number
+        let v = f32::from_bits(abs) * 16777216.0;
+        (((v + 8388608.0) - 8388608.0) * (1.0 / 16777216.0)).to_bits()
+    };
+    f32::from_bits((bits & 0x8000_0000) | rounded)
+}
+
+/// One block by `rule` for any values (NaN and infinities included), in
+/// plain order: the max rule, then (for `Fit`) the trial scales' sums, the
+/// best one's least-squares scale, and the lower error of the two.
 fn fit_block(b: &[f32; QK], rule: Q4Rule, w: Option<&[f32; QK]>) -> BlockQ4_0 {
     let mut m = b[0];
     for &v in &b[1..] {
@@ -289,13 +442,26 @@ fn fit_block(b: &[f32; QK], rule: Q4Rule, w: Option<&[f32; QK]>) -> BlockQ4_0 {
     let mut best_q: [u8; QK] = std::array::from_fn(|j| code_to_u8(floor(b[j] * inv0 + 8.5).clamp(0.0, 15.0)));
     let mut best_d = stored(d0);
     if rule == Q4Rule::Fit {
-        let mut best_e = squared_error(b, w, best_d, &best_q);
-        for f in fit_factors() {
-            let d = stored(d0 * f);
+        let weight = |j: usize| w.map_or(1.0, |w| w[j]);
+        let (mut best_v, mut best_xq, mut best_qq) = (0.0f32, 0.0f32, 0.0f32);
+        for f in trial_factors() {
+            let inv = inverse(stored(d0 * f));
+            let (mut xq, mut qq) = (0.0f32, 0.0f32);
+            for (j, &x) in b.iter().enumerate() {
+                let q = code_to_u8(code(x, inv)) as f32 - 8.0;
+                xq += x * weight(j) * q;
+                qq += weight(j) * q * q;
+            }
+            let v = if qq > 0.0 { xq * xq / qq } else { 0.0 };
+            if v > best_v {
+                (best_v, best_xq, best_qq) = (v, xq, qq);
+            }
+        }
+        if best_v > 0.0 {
+            let d = stored(best_xq / best_qq);
             let q: [u8; QK] = std::array::from_fn(|j| code_to_u8(code(b[j], inverse(d))));
-            let e = squared_error(b, w, d, &q);
-            if e < best_e {
-                (best_d, best_q, best_e) = (d, q, e);
+            if squared_error(b, w, d, &q) < squared_error(b, w, best_d, &best_q) {
+                (best_d, best_q) = (d, q);
             }
         }
     }
@@ -370,6 +536,37 @@ mod tests {
         }
     }
 
+    /// `stored_fast` is `stored` on f16's edges (the normal and subnormal
+    /// ranges, their boundary, ties, overflow, zeros, infinities) and on
+    /// random bit patterns; `cargo test -- --ignored` checks every f32.
+    #[test]
+    fn stored_fast_is_stored() {
+        let mut vals = vec![0.0f32, -0.0, 65504.0, 65519.996, 65520.0, -65520.0, 6.1035156e-5, 6.1035153e-5];
+        vals.extend([5.9604645e-8, 2.9802322e-8, 2.9802326e-8, 8.940697e-8, 1e-40, 1e-45, f32::MAX, f32::INFINITY]);
+        vals.extend([f32::NEG_INFINITY, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 1.0 + 1.0 / 4096.0, 2047.5, 2048.5]);
+        let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+        for _ in 0..1_000_000 {
+            let s = rng.next();
+            vals.push(f32::from_bits(s as u32));
+            // around f16's range: exponents 2^-30 .. 2^17
+            vals.push(f32::from_bits((s as u32 & 0x807f_ffff) | (((s >> 32) as u32 % 48 + 97) << 23)));
+        }
+        for v in vals.into_iter().filter(|v| !v.is_nan()) {
+            assert_eq!(stored_fast(v).to_bits(), stored(v).to_bits(), "{v:e}");
+        }
+    }
+
+    #[test]
+    #[ignore = "every f32: about a minute"]
+    fn stored_fast_is_stored_everywhere() {
+        for bits in 0..=u32::MAX {
+            let v = f32::from_bits(bits);
+            if !v.is_nan() {
+                assert_eq!(stored_fast(v).to_bits(), stored(v).to_bits(), "{v:e}");
+            }
+        }
+    }
+
     #[test]
     fn round_even_is_round_ties_even() {
         same_as(round_even, f32::round_ties_even);
@@ -421,8 +618,8 @@ mod tests {
         }
     }
 
-    /// A block by one candidate at a time, in plain loops: the max rule,
-    /// then (for `Fit`) the 26 factors, the lowest (weighted) error first.
+    /// A block in plain loops, from the rule's text (module comment): the
+    /// max rule, then (for `Fit`) the trials, the refit and the choice.
     fn plain(b: &[f32; QK], rule: Q4Rule, w: Option<&[f32; QK]>) -> BlockQ4_0 {
         let mut m = b[0];
         b.iter().for_each(|&v| {
@@ -430,29 +627,41 @@ mod tests {
                 m = v
             }
         });
+        let wt = |j: usize| w.map_or(1.0f32, |w| w[j]);
         let err = |d: f32, q: &[u8; QK]| {
             let mut e = 0.0f32;
             for j in 0..QK {
                 let r = b[j] - d * (q[j] as f32 - 8.0);
-                e += match w {
-                    Some(w) => r * r * w[j],
-                    None => r * r,
-                };
+                e += r * r * wt(j);
             }
             e
+        };
+        let codes = |d: f32| -> [u8; QK] {
+            std::array::from_fn(|j| ((b[j] * inverse(d)).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8)
         };
         let d0 = m / -8.0;
         let mut best_q: [u8; QK] = std::array::from_fn(|j| (b[j] * inverse(d0) + 8.5).floor().clamp(0.0, 15.0) as u8);
         let mut best_d = stored(d0);
-        let mut best_e = err(best_d, &best_q);
         if rule == Q4Rule::Fit {
-            for f in fit_factors() {
-                let d = stored(d0 * f);
-                let q: [u8; QK] =
-                    std::array::from_fn(|j| ((b[j] * inverse(d)).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8);
-                let e = err(d, &q);
-                if e < best_e {
-                    (best_d, best_q, best_e) = (d, q, e);
+            let mut best: Option<(f32, f32, f32)> = None;
+            for f in trial_factors() {
+                let q = codes(stored(d0 * f));
+                let (mut xq, mut qq) = (0.0f32, 0.0f32);
+                for j in 0..QK {
+                    let l = q[j] as f32 - 8.0;
+                    xq += b[j] * wt(j) * l;
+                    qq += wt(j) * l * l;
+                }
+                let v = if qq > 0.0 { xq * xq / qq } else { 0.0 };
+                if v > best.map_or(0.0, |b| b.0) {
+                    best = Some((v, xq, qq));
+                }
+            }
+            if let Some((_, xq, qq)) = best {
+                let d = stored(xq / qq);
+                let q = codes(d);
+                if err(d, &q) < err(best_d, &best_q) {
+                    (best_d, best_q) = (d, q);
                 }
             }
         }
@@ -484,9 +693,8 @@ mod tests {
             .collect()
     }
 
-    /// The blocks side by side (eight lanes a group, the tail group part
-    /// empty, groups across rows) pick what one block and one candidate at a
-    /// time picks, for both rules, with and without column weights (each
+    /// The blocks side by side (bands of rows, then groups of blocks across
+    /// rows, the last one part empty) pick what the rule's plain loops pick, for both rules, with and without column weights (each
     /// block weighted by its own columns within a row of three blocks), on
     /// finite blocks (the groups' arithmetic) and with non-finite ones mixed
     /// in (their groups go block by block).
@@ -505,8 +713,11 @@ mod tests {
         let finite: Vec<[f32; QK]> = hostile.iter().filter(|b| b.iter().all(|v| v.is_finite())).copied().collect();
         for (set, blocks) in [("finite", &finite), ("hostile", &hostile)] {
             // whole rows, and a block count that leaves a part group at the end
-            let blocks = &blocks[..(blocks.len() / 3 - 1) * 3];
-            assert_ne!(blocks.len() % GROUP, 0);
+            // whole rows of three blocks: bands of GROUP rows, then a tail of
+            // rows % GROUP rows that goes GROUP blocks at a time, the last group part empty
+            let rows = (blocks.len() / 3 - 1) / GROUP * GROUP - 3;
+            let blocks = &blocks[..rows * 3];
+            assert!(!rows.is_multiple_of(GROUP) && !(rows * 3).is_multiple_of(GROUP));
             let x: Vec<f32> = blocks.iter().flatten().copied().collect();
             for rule in [Q4Rule::Fit, Q4Rule::Max] {
                 for weighted in [false, true] {
@@ -543,12 +754,12 @@ mod tests {
 
     #[test]
     fn factors_are_numpys() {
-        // numpy.linspace(0.8, 1.3, 26, dtype=float32), first, middle and last bits
-        let f = fit_factors();
-        assert_eq!(f[0].to_bits(), 0x3f4c_cccd);
-        assert_eq!(f[10].to_bits(), 0x3f80_0000);
-        assert_eq!(f[11].to_bits(), 0x3f82_8f5c);
-        assert_eq!(f[25].to_bits(), 0x3fa6_6666);
+        // numpy.linspace(0.8, 1.3, 8, dtype=float32)
+        let bits = trial_factors().map(f32::to_bits);
+        assert_eq!(
+            bits,
+            [0x3f4c_cccd, 0x3f5f_15f1, 0x3f71_5f16, 0x3f81_d41d, 0x3f8a_f8b0, 0x3f94_1d42, 0x3f9d_41d4, 0x3fa6_6666]
+        );
     }
 
     #[test]
