@@ -233,30 +233,53 @@ fn put_word(b: &mut [u8], i: usize, v: u32) {
 /// as its byte XOR `bias` (0x80: w + 128 as an unsigned byte, for kernels
 /// that multiply unsigned weights by signed activations).
 pub fn repack_q8_x8(w: &[BlockQ8_0], nb: usize, bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
+    repack_x8(w, nb, what, |rows| group_q8_x8(rows, bias))
+}
+
+/// Whole groups of eight Q8_0 rows (`nb` blocks each) interleaved into
+/// `out` with bias 0 (the file's), on this thread (as `interleave_q4_x8`).
+pub fn interleave_q8_x8(w: &[BlockQ8_0], nb: usize, out: &mut [BlockQ8_0x8]) {
+    for (i, x) in out.iter_mut().enumerate().take(w.len() / (ROWS8 * nb.max(1)) * nb) {
+        *x = group_q8_x8(std::array::from_fn(|k| &w[(i / nb * ROWS8 + k) * nb + i % nb]), 0);
+    }
+}
+
+/// Block b of eight Q8_0 rows, interleaved, each quant XOR `bias`.
+fn group_q8_x8(rows: [&BlockQ8_0; ROWS8], bias: u8) -> BlockQ8_0x8 {
     let bias4 = u32::from_ne_bytes([bias; 4]);
-    repack_x8(w, nb, what, |rows| {
-        let mut x = BlockQ8_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK] };
-        for (k, r) in rows.iter().enumerate() {
-            let qs: &[u8; QK] = bytemuck::cast_ref(&r.qs);
-            for i in 0..QK / 4 {
-                put_word(&mut x.qs, 32 * i + 4 * k, word(qs, 4 * i) ^ bias4);
-            }
+    let mut x = BlockQ8_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK] };
+    for (k, r) in rows.iter().enumerate() {
+        let qs: &[u8; QK] = bytemuck::cast_ref(&r.qs);
+        for i in 0..QK / 4 {
+            put_word(&mut x.qs, 32 * i + 4 * k, word(qs, 4 * i) ^ bias4);
         }
-        x
-    })
+    }
+    x
 }
 
 /// The eight-row layout of a Q4_0 matrix (as `repack_q8_x8`, no bias).
 pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ4_0x8>, String> {
-    repack_x8(w, nb, what, |rows| {
-        let mut x = BlockQ4_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK / 2] };
-        for (k, r) in rows.iter().enumerate() {
-            for i in 0..QK / 8 {
-                put_word(&mut x.qs, 32 * i + 4 * k, word(&r.qs, 4 * i));
-            }
+    repack_x8(w, nb, what, group_q4_x8)
+}
+
+/// Whole groups of eight Q4_0 rows (`nb` blocks each) interleaved into
+/// `out` on this thread, for a caller that makes the rows in pieces (the
+/// GGUF import, which quantises a piece's rows straight into their groups).
+pub fn interleave_q4_x8(w: &[BlockQ4_0], nb: usize, out: &mut [BlockQ4_0x8]) {
+    for (i, x) in out.iter_mut().enumerate().take(w.len() / (ROWS8 * nb.max(1)) * nb) {
+        *x = group_q4_x8(std::array::from_fn(|k| &w[(i / nb * ROWS8 + k) * nb + i % nb]));
+    }
+}
+
+/// Block b of eight Q4_0 rows, interleaved.
+fn group_q4_x8(rows: [&BlockQ4_0; ROWS8]) -> BlockQ4_0x8 {
+    let mut x = BlockQ4_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK / 2] };
+    for (k, r) in rows.iter().enumerate() {
+        for i in 0..QK / 8 {
+            put_word(&mut x.qs, 32 * i + 4 * k, word(&r.qs, 4 * i));
         }
-        x
-    })
+    }
+    x
 }
 
 /// Super-block s of eight consecutive Q4_K rows, interleaved for the
@@ -716,7 +739,18 @@ mod tests {
             round_trip(&w, nb, bias ^ 0x80, &rebias_q8_x8(&packed, 0x80, "test").unwrap());
         }
         let w: Vec<BlockQ4_0> = blocks(rows * nb, 2);
-        round_trip(&w, nb, 0, &repack_q4_x8(&w, nb, "test").unwrap());
+        let packed = repack_q4_x8(&w, nb, "test").unwrap();
+        round_trip(&w, nb, 0, &packed);
+        let mut by_piece = vec![BlockQ4_0x8::zeroed(); packed.len()];
+        interleave_q4_x8(&w[..8 * nb], nb, &mut by_piece[..nb]);
+        interleave_q4_x8(&w[8 * nb..], nb, &mut by_piece[nb..]);
+        assert_eq!(bytemuck::cast_slice::<_, u8>(&by_piece), bytemuck::cast_slice::<_, u8>(&packed));
+        let w: Vec<BlockQ8_0> = blocks(rows * nb, 6);
+        let packed = repack_q8_x8(&w, nb, 0, "test").unwrap();
+        let mut by_piece = vec![BlockQ8_0x8::zeroed(); packed.len()];
+        interleave_q8_x8(&w[..8 * nb], nb, &mut by_piece[..nb]);
+        interleave_q8_x8(&w[8 * nb..], nb, &mut by_piece[nb..]);
+        assert_eq!(bytemuck::cast_slice::<_, u8>(&by_piece), bytemuck::cast_slice::<_, u8>(&packed));
         let w: Vec<BlockQ4K> = blocks(rows * nb, 3);
         round_trip(&w, nb, 0, &repack_q4k_x8(&w, nb, "test").unwrap());
         let w: Vec<BlockQ6K> = blocks(rows * nb, 4);

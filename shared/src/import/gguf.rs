@@ -14,7 +14,8 @@ use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule, BAND_ROWS};
 use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
-use crate::quant::{dequant_q4, BlockQ4_0, BlockQ8_0, QK};
+use crate::kernels::{Arch, Kernels};
+use crate::quant::{dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -84,25 +85,28 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
     for ((name, t), &ttype) in plan.iter().zip(&types) {
         let dims: Vec<u64> = t.dims.iter().rev().copied().collect();
         let kept = kept_type(t.ty) == Some(ttype) && !opts.requantize;
+        let layout = if !kept && made_in_groups(ttype, &dims) { Layout::Rows8 } else { Layout::Rows };
         let (start, len) = if kept {
             (t.start, t.len)
         } else {
             let len = converted_len(ttype, &dims).ok_or_else(|| format!("{path}: tensor {name:?} is too large"))?;
             let at = made_len;
             made_len = (at + len).next_multiple_of(DATA_ALIGN as usize);
-            jobs.push((*t, ttype, at, len, name.as_str()));
+            jobs.push((*t, ttype, layout, at, len, name.as_str()));
             (base + at, len)
         };
-        infos.push(TensorInfo { name: name.clone(), ttype, layout: Layout::Rows, dims, start, len });
+        infos.push(TensorInfo { name: name.clone(), ttype, layout, dims, start, len });
     }
 
-    let mut made = Vec::new();
-    made.try_reserve_exact(made_len / 8).map_err(|_| format!("{path}: cannot allocate {made_len} bytes"))?;
-    made.resize(made_len / 8, 0u64);
+    // zeroed by the allocator (fresh pages from the system: no pass over
+    // them here), then written by the tasks on all threads
+    let mut made: Vec<u64> = bytemuck::allocation::try_zeroed_slice_box(made_len / 8)
+        .map_err(|_| format!("{path}: cannot allocate {made_len} bytes"))?
+        .into_vec();
     let mut tasks = Vec::new();
     let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut made);
     let mut pos = 0;
-    for &(t, ttype, at, len, name) in &jobs {
+    for &(t, ttype, layout, at, len, name) in &jobs {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - pos);
         let (out, tail) = tail.split_at_mut(len);
         rest = tail;
@@ -119,17 +123,58 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         let (src_row, out_row) = (src.len() / rows, len / rows);
         // about 64 KiB of f32 a task, in whole bands of the Q4_0 quantiser's rows
         let chunk = (16384 / cols).max(1).next_multiple_of(BAND_ROWS);
+        let groups = layout == Layout::Rows8;
         for (s, o) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)) {
-            tasks.push((t.ty, ttype, cols, weights, s, o));
+            tasks.push((t.ty, ttype, cols, weights, groups, s, o));
         }
     }
-    tasks.into_par_iter().for_each_init(Vec::new, |buf, (from, to, cols, weights, src, out)| {
-        buf.resize(src.len() / from.block().1 * from.block().0, 0.0);
-        dequantize(from, src, buf);
-        encode(to, cols, buf, opts.q4_rule, weights, out);
-    });
+    tasks.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(buf, plain), (from, to, cols, weights, groups, src, out)| {
+            buf.resize(src.len() / from.block().1 * from.block().0, 0.0);
+            dequantize(from, src, buf);
+            if groups {
+                // a task's rows start at a whole group: its groups, then (the
+                // tensor's last task) the rows % 8 plain rows
+                plain.resize(out.len().div_ceil(8), 0u64);
+                let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(plain)[..out.len()];
+                encode(to, cols, buf, opts.q4_rule, weights, plain);
+                let row = to.row_bytes(cols as u64).unwrap_or(0) as usize;
+                let whole = out.len() / (ROWS8 * row) * ROWS8 * row;
+                let (head, tail) = out.split_at_mut(whole);
+                let nb = cols / QK;
+                match to {
+                    TensorType::Q4_0 => interleave_q4_x8(cast(&plain[..whole]), nb, cast_mut(head)),
+                    _ => interleave_q8_x8(cast(&plain[..whole]), nb, cast_mut(head)),
+                }
+                tail.copy_from_slice(&plain[whole..]);
+            } else {
+                encode(to, cols, buf, opts.q4_rule, weights, out);
+            }
+        },
+    );
 
     Mlb::assemble(g.into_map(), made, meta, infos, path)
+}
+
+/// Whether a matrix this import makes goes straight into the eight-row
+/// groups of the `rows8` layout (docs/FORMAT.md): Q4_0 matrices of eight
+/// rows or more, and Q8_0 ones where the kernels' groups have the file's
+/// bias 0, on a build whose kernels read the groups in place
+/// (`Kernels::ROWS8`). `Model::from_mlb` would otherwise copy the plain rows
+/// into groups; made so, a converted matrix is held once, not twice, and
+/// `--save` writes the same bytes (the file layout is the same).
+fn made_in_groups(ttype: TensorType, dims: &[u64]) -> bool {
+    let kind = ttype == TensorType::Q4_0 || (ttype == TensorType::Q8_0 && Arch::Q8_X8_BIAS == 0);
+    kind && Arch::ROWS8 && matches!(dims, [rows, _] if *rows >= ROWS8 as u64)
+}
+
+fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
+    bytemuck::cast_slice(bytes)
+}
+
+fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> &mut [T] {
+    bytemuck::cast_slice_mut(bytes)
 }
 
 /// `q4_mixed`: the indices in `plan` of the Q4_0 tensors that go to Q8_0

@@ -11,7 +11,8 @@ use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule};
 use super::tokenizer::import_tokenizer;
 use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{test_array, write_gguf, GgmlType, Gguf, Value};
-use crate::format::mlb::{MetaValue, Mlb, TensorType};
+use crate::format::mlb::{interleave_rows8, Layout, MetaValue, Mlb, TensorType};
+use crate::kernels::{Arch, Kernels};
 use crate::model::{LoadOptions, LogitsFor, Model, State};
 use crate::quant::{BlockQ4_0, BlockQ8_0};
 use crate::test_rng::Rng;
@@ -182,14 +183,27 @@ fn converted_tensors_are_the_quantised_source() {
     quantize_q8_0(&x, &mut q8);
     let mut q4 = vec![BlockQ4_0::default(); x.len() / 32];
     quantize_q4_0(&x, x.len(), Q4Rule::Fit, None, &mut q4);
+    // in plain rows, or (on builds whose kernels read them) made straight
+    // into the eight-row groups of the same rows, as a saved file holds them
     let made = |ctype| {
         let mlb = import(bytes.clone(), ctype).unwrap();
-        mlb.tensor_bytes(mlb.tensor("blk.0.ffn_up").unwrap()).to_vec()
+        let t = mlb.tensor("blk.0.ffn_up").unwrap();
+        (t.layout, t.ttype, t.dims.clone(), mlb.tensor_bytes(t).to_vec())
     };
-    assert_eq!(made(ConvertType::Q8_0), bytemuck::cast_slice::<BlockQ8_0, u8>(&q8));
-    assert_eq!(made(ConvertType::Q4_0), bytemuck::cast_slice::<BlockQ4_0, u8>(&q4));
+    let laid_out = |(layout, ttype, dims, bytes): (Layout, TensorType, Vec<u64>, Vec<u8>), plain: &[u8]| {
+        let want = match layout {
+            Layout::Rows => plain.to_vec(),
+            Layout::Rows8 => interleave_rows8(ttype, &dims, plain, "test").unwrap(),
+        };
+        assert_eq!(bytes, want, "{ttype:?} {layout:?}");
+        layout
+    };
+    let q8_layout = laid_out(made(ConvertType::Q8_0), bytemuck::cast_slice::<BlockQ8_0, u8>(&q8));
+    let q4_layout = laid_out(made(ConvertType::Q4_0), bytemuck::cast_slice::<BlockQ4_0, u8>(&q4));
+    let q8_groups = Arch::ROWS8 && Arch::Q8_X8_BIAS == 0;
+    assert_eq!((q4_layout == Layout::Rows8, q8_layout == Layout::Rows8), (Arch::ROWS8, q8_groups));
     let mut back = vec![0.0f32; x.len()];
-    dequantize(GgmlType::Q8_0, &made(ConvertType::Q8_0), &mut back);
+    dequantize(GgmlType::Q8_0, bytemuck::cast_slice::<BlockQ8_0, u8>(&q8), &mut back);
     for (b, (w, g)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
         let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         for (w, g) in w.iter().zip(g) {
