@@ -4,7 +4,8 @@
 # file: perplexity (llama.cpp's protocol, both sides: 16 chunks of 512 tokens
 # of Hamlet, second half of each chunk scored), and the time to the first
 # token from a cold start (load, the prompt "Hello", one token) with the peak
-# memory, both medians of farm-bench runs, Krafla and llama.cpp alternating.
+# memory, both medians of 5 runs, Krafla and llama.cpp alternating
+# (tools/time_pair.py).
 #
 #   tools/gguf_table.sh KRAFLA_BIN LLAMA_BIN_DIR [GGUF ...]
 #
@@ -14,7 +15,6 @@
 # GGUF named *random* (random weights at a real model's shapes) gets only the
 # timing rows: its perplexity means nothing; so does any GGUF with ONLY=timing
 # (ONLY=ppl: no timing rows).
-# Needs farm-bench.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 ML=$1
@@ -49,7 +49,7 @@ for g in "${GGUFS[@]}"; do
     [ "${ONLY:-}" = ppl ] && continue
     for t in q8_0 q4_0 auto; do
         echo "time to first token, krafla --type $t (A) vs llama.cpp (B):"
-        farm-bench -n 5 --timeout 600 --vs "$LLAMA/llama-completion -m $g -p Hello -n 1 -no-cnv -t 2 --no-warmup" \
-            -- "$ML" "$g" --type "$t" -p Hello -n 1 -t 2 | grep -E "wall|peak|ratio|exit"
+        python3 "$REPO/tools/time_pair.py" -n 5 -- "$ML" "$g" --type "$t" -p Hello -n 1 -t 2 \
+            --vs "$LLAMA/llama-completion" -m "$g" -p Hello -n 1 -no-cnv -t 2 --no-warmup
     done
 done

@@ -35,7 +35,7 @@ OUT = REPO / ".cache" / "quant_eval"
 VARIANTS = {
     "q8_0": ("`--type q8_0`", ["--type", "q8_0", "--requantize"]),
     "q4_max": ("`--type q4_0 --q4-scale max`", ["--type", "q4_0", "--requantize", "--q4-scale", "max"]),
-    "q4_fit": ("`--type q4_0 --no-imatrix` (fitted, unweighted: the old default)",
+    "q4_fit": ("`--type q4_0 --no-imatrix` (fitted, unweighted)",
                ["--type", "q4_0", "--requantize", "--no-imatrix"]),
     "q4_default": ("**`--type q4_0`** (the default: importance matrix from the built-in text)",
                    ["--type", "q4_0", "--requantize"]),

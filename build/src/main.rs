@@ -125,11 +125,14 @@ fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
-/// Runs a command in the repository root; Err names it if it fails.
+/// Runs a command in the repository root; Err names it if it fails. How
+/// long it took goes to stderr after it (CI's log shows where the time goes).
 fn run(cmd: &mut Command) -> Result<(), String> {
     let shown = format!("{cmd:?}");
     eprintln!("xtask: {shown}");
+    let start = std::time::Instant::now();
     let status = cmd.current_dir(repo_root()).status().map_err(|e| format!("cannot run {shown}: {e}"))?;
+    eprintln!("xtask: ({:.1} s)", start.elapsed().as_secs_f64());
     if status.success() {
         Ok(())
     } else {
@@ -227,7 +230,19 @@ fn test() -> Result<(), String> {
     run(cargo().args(["test", "--release", "--workspace"]))?;
     #[cfg(target_arch = "x86_64")]
     {
-        kernel_tests(None)?;
+        // The host build just tested is the baseline variant's kernel set
+        // (shared/build.rs picks it from the compiler's features) unless
+        // RUSTFLAGS add features: then every variant's tests run.
+        let host_is_baseline = ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"]
+            .iter()
+            .all(|v| std::env::var_os(v).is_none_or(|f| f.is_empty()));
+        for v in X86_64_VARIANTS {
+            if host_is_baseline && v.rustc_features.is_empty() {
+                eprintln!("xtask: kernel-tests: {} ran above as the host build's tests", v.name);
+                continue;
+            }
+            kernel_tests(Some(v.name))?;
+        }
         // The per-ISA builds for tests/test_isa_guard.py, and the release
         // archives for tests/test_release.py.
         #[cfg(target_os = "linux")]
