@@ -233,9 +233,8 @@ fn test() -> Result<(), String> {
         // The host build just tested is the baseline variant's kernel set
         // (shared/build.rs picks it from the compiler's features) unless
         // RUSTFLAGS add features: then every variant's tests run.
-        let host_is_baseline = ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"]
-            .iter()
-            .all(|v| std::env::var_os(v).is_none_or(|f| f.is_empty()));
+        let host_is_baseline =
+            ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"].iter().all(|v| std::env::var_os(v).is_none_or(|f| f.is_empty()));
         for v in X86_64_VARIANTS {
             if host_is_baseline && v.rustc_features.is_empty() {
                 eprintln!("xtask: kernel-tests: {} ran above as the host build's tests", v.name);
