@@ -197,8 +197,14 @@ def test_streaming_never_splits_utf8(server):
     chunks = [ch.choices[0].text for ch in c.completions.create(stream=True, **kw) if ch.choices]
     deltas = [d for d in chunks if d]
     assert "".join(deltas) == full.choices[0].text
-    assert len(deltas) < len(toks)  # partial characters were held back, not sent
     assert not any("\ufffd" in d for d in deltas), deltas
+    # After each token the stream sends exactly the whole characters it has: a character's first bytes wait
+    # for its last ones, and nothing whole waits longer.
+    pieces = [token_bytes(t) for t in toks]
+    whole = [b"".join(pieces[:n]).decode("utf-8", "ignore") for n in range(len(pieces) + 1)]
+    want = [b[len(a):] for a, b in zip(whole, whole[1:]) if b != a]
+    assert deltas == want, (deltas, toks)
+    assert any(ends_inside_a_character(b"".join(pieces[:n])) for n in range(1, len(pieces))), toks
 
 
 def test_stop_strings_never_leak(server):

@@ -188,9 +188,9 @@ pub fn quantize_q4_0(x: &[f32], cols: usize, rule: Q4Rule, weights: Option<&[f32
     }
 }
 
-/// Blocks quantised side by side, one per lane: as many f32 as one vector
-/// register of the build holds (AVX-512: 16; AVX2, SSE and NEON builds: 8,
-/// two or four registers a step, which keeps that many additions in flight).
+/// Blocks quantised side by side, one per lane: 16 f32 on AVX-512 builds
+/// (one register), 8 on the others (one AVX2 register, two SSE or NEON
+/// ones).
 const GROUP: usize = if cfg!(target_feature = "avx512f") { 16 } else { 8 };
 
 /// Rows `quantize_q4_0` takes together (its lanes): whole bands of them
