@@ -201,8 +201,9 @@ def test_streaming_never_splits_utf8(server):
     # After each token the stream sends exactly the whole characters it has: a character's first bytes wait
     # for its last ones, and nothing whole waits longer.
     pieces = [token_bytes(t) for t in toks]
-    whole = [b"".join(pieces[:n]).decode("utf-8", "ignore") for n in range(len(pieces) + 1)]
-    want = [b[len(a):] for a, b in zip(whole[:-1], whole[1:], strict=True) if b != a]
+    text = full.choices[0].text
+    ends = chars_before_each(pieces)[1:] + [len(text)]
+    want = [text[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True) if b > a]
     assert deltas == want, (deltas, toks)
     assert any(ends_inside_a_character(b"".join(pieces[:n])) for n in range(1, len(pieces))), toks
 
