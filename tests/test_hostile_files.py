@@ -110,3 +110,38 @@ def test_any_bytes_load_or_fail_on_one_line(valid_files, tmp_path, fmt, seed):
     valid = run_capped([valid_files[fmt] if a == path else a for a in args], len(good))
     assert valid.returncode == 0, valid.stderr
     check_every_mutation(good, path, args, seed)
+
+
+def few_bytes_gguf(arch, block_count):
+    """A GGUF file of a few hundred bytes (issue 32's was 544): `arch`'s hyperparameters claiming
+    `block_count` layers and a sliding window (so that the mistral and qwen2 families, like the
+    Gemma ones, give every layer a kind), a three-token vocabulary and one token embedding."""
+    def string(s):
+        return struct.pack("<Q", len(s)) + s.encode()
+
+    u32, u64, text = (lambda v: struct.pack("<II", 4, v)), (lambda v: struct.pack("<IQ", 10, v)), \
+        (lambda s: struct.pack("<I", 8) + string(s))
+    meta = [("general.architecture", text(arch)), (f"{arch}.block_count", u64(block_count)),
+            (f"{arch}.embedding_length", u32(32)), (f"{arch}.attention.head_count", u32(2)),
+            (f"{arch}.feed_forward_length", u32(32)), (f"{arch}.attention.sliding_window", u32(4)),
+            ("tokenizer.ggml.model", text("gpt2")),
+            ("tokenizer.ggml.tokens", struct.pack("<IIQ", 9, 8, 3) + b"".join(map(string, "abc")))]
+    out = b"GGUF" + struct.pack("<IQQ", 3, 1, len(meta)) + b"".join(string(k) + v for k, v in meta)
+    out += string("token_embd.weight") + struct.pack("<IQQIQ", 2, 32, 3, 0, 0)  # [3][32] f32 at 0
+    out += bytes(-len(out) % 32)
+    return out + bytes(4 * 32 * 3)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma2", "gemma3", "llama"])
+@pytest.mark.parametrize("block_count", [1 << 26, 1 << 40, 1 << 61])
+def test_a_huge_block_count_is_one_line(tmp_path, arch, block_count):
+    """A block count far beyond the tensors in the file is refused by name before anything is
+    allocated per layer (the families that list a kind per layer asked for 8 bytes a layer: 1 GB
+    for 2^26, an abort for 2^40, a capacity-overflow panic for 2^61), under the address-space cap."""
+    data = few_bytes_gguf(arch, block_count)
+    path = tmp_path / f"{arch}.gguf"
+    path.write_bytes(data)
+    p = run_capped([path, "--prompt-ids", "1", "-n", "1"], len(data))
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-500:])
+    assert lines[0] == f"krafla: {path}: {arch}.block_count = {block_count} is outside 1..=1024"

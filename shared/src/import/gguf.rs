@@ -15,6 +15,7 @@ use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
 use crate::kernels::{Arch, Kernels};
+use crate::model::LIMIT_LAYERS;
 use crate::quant::{dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
@@ -304,6 +305,7 @@ fn metadata(g: &Gguf, opts: &ImportOptions) -> Result<(Vec<(String, MetaValue)>,
     let d = int("embedding_length", None)?;
     let h = int("attention.head_count", None)?;
     let l = int("block_count", None)?;
+    check_block_count(g, &key("block_count"), l)?;
     let hkv = int("attention.head_count_kv", Some(h))?;
     if h == 0 || d == 0 {
         return Err(format!("{} and {} must be positive", key("embedding_length"), key("attention.head_count")));
@@ -404,25 +406,50 @@ fn metadata(g: &Gguf, opts: &ImportOptions) -> Result<(Vec<(String, MetaValue)>,
     Ok((meta, heads))
 }
 
+/// Refuses a layer count above what a model may have (the model config's
+/// limit) or above the layers the file has tensors for, before anything is
+/// made per layer: a 500-byte file must not ask for terabytes of layer
+/// kinds by saying 2^40 layers. (A layer that lacks one of its tensors is
+/// named by `tensor_plan`.)
+fn check_block_count(g: &Gguf, key: &str, layers: u64) -> Result<(), String> {
+    let limit = LIMIT_LAYERS as usize;
+    if !(1..=limit as u64).contains(&layers) {
+        return Err(format!("{key} = {layers} is outside 1..={limit}"));
+    }
+    let mut present = vec![false; limit];
+    for t in &g.tensors {
+        if let Some((i, _)) = layer_of(&t.name).filter(|&(i, _)| i < limit) {
+            present[i] = true;
+        }
+    }
+    let with_tensors = present.iter().filter(|&&p| p).count();
+    if layers as usize > with_tensors {
+        return Err(format!("{key} = {layers}, but the file has tensors for {with_tensors} layers"));
+    }
+    Ok(())
+}
+
+/// (N, rest) of a tensor named "blk.N.rest", N as Python's str(N) writes
+/// it: no sign, no leading zeros.
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let (i, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((i.parse().ok()?, rest))
+}
+
 /// The tensors in `.mlb` order and names: `token_embd`, each layer's in
 /// the sorted order of their GGUF names, `output_norm`, `output`.
 fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor)>, String> {
     let need = |name: &str| g.tensor(name).ok_or_else(|| format!("missing tensor {name}"));
     let mut plan = vec![("token_embd".to_string(), need("token_embd.weight")?)];
-    let mut by_layer: Vec<Vec<(&str, &Tensor)>> = vec![Vec::new(); heads.n_layers.min(g.tensors.len())];
+    // (at most as many layers as have tensors: `check_block_count`)
+    let mut by_layer: Vec<Vec<(&str, &Tensor)>> = vec![Vec::new(); heads.n_layers];
     for t in &g.tensors {
-        let Some(rest) = t.name.strip_prefix("blk.") else { continue };
-        let Some((i, suffix)) = rest.split_once('.') else { continue };
-        // "blk.N." with N as Python's str(N) writes it: no sign, no leading zeros
-        if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Some(layer) = i.parse::<usize>().ok().and_then(|i| by_layer.get_mut(i)) {
+        if let Some((layer, suffix)) = layer_of(&t.name).and_then(|(i, s)| Some((by_layer.get_mut(i)?, s))) {
             layer.push((suffix, t));
         }
-    }
-    if by_layer.len() < heads.n_layers {
-        return Err(format!("missing tensor blk.{}.attn_norm.weight", by_layer.len()));
     }
     let required = REQUIRED.iter().chain(if heads.family.gemma { REQUIRED_GEMMA } else { &[] });
     for (i, mut names) in by_layer.into_iter().enumerate() {

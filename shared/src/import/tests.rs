@@ -298,6 +298,56 @@ fn bad_models_are_clean_errors() {
     check(other, "unsupported architecture \"bloom\"");
 }
 
+/// A GGUF file of a few hundred bytes: the hyperparameters of `arch` with
+/// `layers` layers (and a sliding window, which makes the mistral and qwen2
+/// families list a kind per layer), one token embedding, and the tensors of
+/// `with_layers` layers.
+fn few_bytes_with_layers(arch: &str, layers: u64, with_layers: u64) -> Vec<u8> {
+    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
+    let meta = [
+        ("general.architecture", Value::Str(Box::leak(arch.to_string().into_boxed_str()))),
+        (key("block_count"), Value::U64(layers)),
+        (key("embedding_length"), Value::U32(32)),
+        (key("attention.head_count"), Value::U32(2)),
+        (key("feed_forward_length"), Value::U32(32)),
+        (key("attention.sliding_window"), Value::U32(4)),
+    ];
+    let mut tensors = vec![("token_embd.weight".to_string(), GgmlType::F32, vec![32, 4], vec![0u8; 4 * 32 * 4])];
+    for i in 0..with_layers {
+        for t in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up"] {
+            tensors.push((format!("blk.{i}.{t}.weight"), GgmlType::F32, vec![32], vec![0u8; 4 * 32]));
+        }
+    }
+    let tensors: Vec<(&str, GgmlType, Vec<u64>, Vec<u8>)> =
+        tensors.iter().map(|(n, t, d, b)| (n.as_str(), *t, d.clone(), b.clone())).collect();
+    write_gguf(&meta, &tensors)
+}
+
+/// A huge block count is refused with its key and numbers before anything
+/// is made per layer, in every family (those with a kind per layer
+/// allocated one for each layer the file claimed: 8 TB for 2^40); a count
+/// within the limit but beyond the layers the file has tensors for too.
+#[test]
+fn block_counts_beyond_the_limit_or_the_tensors_are_refused() {
+    for arch in ["llama", "mistral", "qwen2", "gemma2", "gemma3"] {
+        for layers in [1u64 << 26, 1 << 40, 1 << 61, u64::MAX >> 1, 1025, 0] {
+            let bytes = few_bytes_with_layers(arch, layers, 0);
+            let err = import(bytes, ConvertType::Auto).err().expect("accepted a hostile block count");
+            assert_eq!(err, format!("t.gguf: {arch}.block_count = {layers} is outside 1..=1024"));
+        }
+        for (layers, with) in [(1024, 0), (3, 2)] {
+            let err = import(few_bytes_with_layers(arch, layers, with), ConvertType::Auto).err().unwrap();
+            assert_eq!(
+                err,
+                format!("t.gguf: {arch}.block_count = {layers}, but the file has tensors for {with} layers")
+            );
+        }
+        // within both: the first layer's missing tensor is what is wrong
+        let err = import(few_bytes_with_layers(arch, 2, 2), ConvertType::Auto).err().unwrap();
+        assert!(err.contains("missing tensor blk.0.ffn_down.weight"), "{err}");
+    }
+}
+
 /// Mutated files never panic the loader or the tokenizer import.
 #[test]
 fn mutations_never_panic() {

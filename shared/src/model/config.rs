@@ -88,7 +88,9 @@ const LIMIT_VOCAB: i64 = 1 << 24;
 
 const LIMIT_WIDTH: i64 = 1 << 17;
 
-const LIMIT_LAYERS: i64 = 1024;
+/// The most layers a model may have (a GGUF's `block_count` is checked
+/// against it before anything is made per layer).
+pub const LIMIT_LAYERS: i64 = 1024;
 
 const LIMIT_HEADS: i64 = 4096;
 

@@ -25,7 +25,7 @@ mod rope;
 mod state;
 mod weights;
 
-pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle};
+pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle, LIMIT_LAYERS};
 pub use forward::Segment;
 pub use input_stats::InputStats;
 pub use kvcache::KvType;

@@ -200,7 +200,8 @@ impl Model {
         let token_embd = loader.matrix("token_embd", v, d)?;
         let output = if c.tie_embeddings { token_embd.clone() } else { loader.matrix("output", v, d)? };
         let output_norm = loader.vector("output_norm", d, c.norm_unit_offset)?;
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // (grown as each layer's tensors are found, not sized by the file's claim)
+        let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
             let opt_vec = |s: &str, n: usize, offset: bool| -> Result<Option<Vec<f32>>, String> {
