@@ -67,13 +67,64 @@ def test_smollm2_draft_model_is_identical_and_guesses_well(smollm2_gguf, smol):
     assert accepted > drafted / 2, (drafted, accepted)
 
 
-def test_sampling_with_speculation_runs_to_the_limit(smollm2_gguf):
-    """With temperature the speculative rule keeps the distribution (sampler's chi-square unit test);
-    here: it runs through a whole answer with both kinds of draft."""
+def test_a_seed_fixes_the_sampled_output_with_or_without_speculation(smollm2_gguf, smol):
+    """Issue 32: with a temperature, `--lookup` gave another text every run, because the number of
+    guesses per pass follows measured timings and each guess drew random numbers. The sampler now
+    draws the n-th token with the n-th random number of the seed: the same text every run, the
+    same as without speculation, with prompt lookup (paced, or four guesses a pass), a draft
+    model, one thread or two."""
     prompt = REPO / "tools" / "speculative_prompts" / "multi_turn.txt"
-    for extra in [("--lookup", 2), ("--draft", smollm2_gguf, "--draft-max", 3)]:
-        text, spec = generate(smollm2_gguf, prompt, 64, "--temp", 0.7, "--seed", 5, "--print-ids", *extra)
-        assert len(json.loads(text)) > 0 and spec is not None and spec[0] > 0
+
+    def sample(*extra, seed=5, threads=2):
+        p = run_ml(smol("q8_0"), "-z", smol("mlt"), "-f", prompt, "-n", 64, "-t", threads, "--temp", 0.8,
+                   "--seed", seed, "--print-ids", *extra)
+        m = SPEC_LINE.search(p.stderr)
+        return p.stdout, (int(m[1]), int(m[2])) if m else None
+
+    plain, _ = sample()
+    assert len(json.loads(plain)) > 8
+    runs = [("--lookup", 2)] * 3 + [("--lookup", 2, "--draft-min", 4, "--draft-max", 4),
+                                     ("--draft", smollm2_gguf, "--draft-max", 3),
+                                     ("--draft", smollm2_gguf, "--draft-min", 5, "--draft-max", 5)]
+    accepted_by_draft = 0
+    for extra in runs:
+        text, spec = sample(*extra)
+        assert text == plain, extra
+        assert spec is not None and spec[0] > 0, extra
+        if "--draft" in extra:
+            accepted_by_draft += spec[1]
+    assert sample("--lookup", 1, threads=1)[0] == plain
+    # a draft model guessing with the target's random numbers is often right
+    assert accepted_by_draft > 0
+    # another seed, another text (the seed does matter)
+    assert sample(seed=6)[0] != plain
+
+
+def test_server_sampling_is_reproducible_with_lookup(tmp_path, smol):
+    srv = Server(tmp_path, (smol("q4_0"), smol("mlt")), "--parallel", 3, "--lookup", 2, key=None)
+    messages = [
+        {"role": "user", "content": "List five things to pack for a hike, one per line."},
+        {"role": "assistant", "content": "1. Water\n2. Map\n3. Rain jacket\n4. Snacks\n5. First aid kit"},
+        {"role": "user", "content": "Write the same list again, but put the map first."},
+    ]
+    try:
+        def ask(out, i, extra):
+            r = srv.client().chat.completions.create(model="x", messages=messages, max_tokens=64, temperature=0.9,
+                                                     seed=11, extra_body=extra)
+            out[i] = r.choices[0].message.content
+
+        # three at once (sharing passes), then one alone without speculation
+        out = [None] * 4
+        threads = [threading.Thread(target=ask, args=(out, i, {})) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        ask(out, 3, {"speculative.n_max": 0})
+        assert out[0] and out.count(out[0]) == 4, out
+        assert metrics(srv)["krafla:n_drafted_total"] > 0
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -69,56 +69,66 @@ pub const REPEAT_PENALTY: SettingRange = SettingRange {
     expected: "a number above 0 and at most 100",
 };
 
-/// A sampler with its own random stream (xoshiro256** seeded by splitmix64).
+/// A sampler. Its random numbers are not a stream but a function of the seed,
+/// the position in the output and the token (`uniform_at`), so a seed fixes
+/// the output however the tokens are produced: one per forward pass, or
+/// several per pass with speculative decoding, whatever the number of
+/// guesses.
 pub struct Sampler {
     pub config: SamplerConfig,
-    rng: [u64; 4],
+}
+
+/// splitmix64's output function of `z` (a 64-bit mix with full avalanche).
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The uniform number in (0, 1) of token `token` at output position
+/// `position` for `seed`.
+pub fn uniform_at(seed: u64, position: u64, token: u32) -> f64 {
+    let z = mix(mix(mix(seed) ^ position.wrapping_mul(0xd605_bbb5_8c8a_bbb3)) ^ u64::from(token));
+    ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 impl Sampler {
     pub fn new(config: SamplerConfig) -> Sampler {
-        let mut s = config.seed;
-        let mut next = || {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let rng = [next(), next(), next(), next()];
-        Sampler { config, rng }
+        Sampler { config }
     }
 
-    fn next_u64(&mut self) -> u64 {
-        let s = &mut self.rng;
-        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in [0, 1).
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Picks the next token from `logits`; `history` feeds the repetition penalty.
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// The token at output position `position` after `logits`; `history` feeds the
+    /// repetition penalty.
+    pub fn sample(&self, logits: &[f32], history: &[u32], position: u64) -> u32 {
         let dist = self.distribution(logits, history);
-        self.draw_from(&dist)
+        self.draw_at(&dist, position)
     }
 
-    /// A token drawn from `dist` (greedy: its token).
-    pub fn draw_from(&mut self, dist: &Distribution) -> u32 {
-        match dist {
-            Distribution::Greedy(id) => *id,
-            Distribution::Weights(w) => self.draw(w),
+    /// The token `dist` gives at output position `position` (greedy: its token), by an
+    /// exponential race (the Gumbel-max trick): each candidate i has its own uniform
+    /// number u_i = `uniform_at(seed, position, i)`, and the one with the largest
+    /// ln(u_i) / w_i wins, which is candidate i with probability w_i / Σw. Two
+    /// distributions raced with the same numbers (a draft model's and the target's)
+    /// pick the same token with probability at least (1 − d) / (1 + d), d their total
+    /// variation distance, so a draft model's guess is most often the target's token,
+    /// while the target's token never depends on the guess.
+    pub fn draw_at(&self, dist: &Distribution, position: u64) -> u32 {
+        let weights = match dist {
+            Distribution::Greedy(id) => return *id,
+            Distribution::Weights(w) => w,
+        };
+        let mut best = (f64::NEG_INFINITY, weights[0].0);
+        for &(id, w) in weights {
+            if w > 0.0 {
+                // libm's log: the same bits on every platform
+                let key = libm::log(uniform_at(self.config.seed, position, id)) / w;
+                if key > best.0 || (key == best.0 && id < best.1) {
+                    best = (key, id);
+                }
+            }
         }
+        best.1
     }
 
     /// What `sample` draws from: the argmax when greedy, else the
@@ -182,60 +192,6 @@ impl Sampler {
     pub fn best(&self, logits: &[f32], history: &[u32], k: usize) -> Vec<u32> {
         ranked(&self.penalized(logits, history), k.max(1)).into_iter().map(|(id, _)| id).collect()
     }
-
-    /// One token drawn from `weights` (in their order, by one uniform number).
-    fn draw(&mut self, weights: &[(u32, f64)]) -> u32 {
-        let total: f64 = weights.iter().map(|w| w.1).sum();
-        let mut r = self.uniform() * total;
-        for &(id, p) in weights {
-            r -= p;
-            if r < 0.0 {
-                return id;
-            }
-        }
-        weights[weights.len() - 1].0
-    }
-
-    /// Speculative sampling: the token after `logits` given that a drafter
-    /// proposed `draft`, drawn from `draft_dist` (None: the drafter always
-    /// proposes it, as prompt lookup does). The result follows `sample`'s
-    /// distribution exactly whatever the draft (Leviathan et al. 2023):
-    /// the draft is kept with probability min(1, p/q), else a token is drawn
-    /// from max(0, p − q) normalised. Greedy: the argmax, as `sample`.
-    pub fn sample_given_draft(
-        &mut self,
-        logits: &[f32],
-        history: &[u32],
-        draft: u32,
-        draft_dist: Option<&Distribution>,
-    ) -> u32 {
-        let dist = self.distribution(logits, history);
-        self.draw_given_draft(&dist, draft, draft_dist)
-    }
-
-    /// `sample_given_draft` from the target's distribution `dist`.
-    pub fn draw_given_draft(&mut self, dist: &Distribution, draft: u32, draft_dist: Option<&Distribution>) -> u32 {
-        let weights = match dist {
-            Distribution::Greedy(id) => return *id,
-            Distribution::Weights(w) => w,
-        };
-        let p = normalised(weights);
-        let q: Vec<(u32, f64)> = match draft_dist {
-            None | Some(Distribution::Greedy(_)) => vec![(draft, 1.0)],
-            Some(Distribution::Weights(w)) => normalised(w),
-        };
-        let prob = |dist: &[(u32, f64)], id: u32| dist.iter().find(|w| w.0 == id).map_or(0.0, |w| w.1);
-        let (p_draft, q_draft) = (prob(&p, draft), prob(&q, draft));
-        if q_draft > 0.0 && self.uniform() < p_draft / q_draft {
-            return draft;
-        }
-        let residual: Vec<(u32, f64)> = p.iter().map(|&(id, pv)| (id, (pv - prob(&q, id)).max(0.0))).collect();
-        if residual.iter().all(|w| w.1 <= 0.0) {
-            // Only when p == q on p's support, where the draft is never refused.
-            return self.draw(&p);
-        }
-        self.draw(&residual)
-    }
 }
 
 /// The distribution a sampler draws from.
@@ -272,11 +228,6 @@ fn ranked(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     cand
 }
 
-fn normalised(weights: &[(u32, f64)]) -> Vec<(u32, f64)> {
-    let total: f64 = weights.iter().map(|w| w.1).sum();
-    weights.iter().map(|&(id, p)| (id, p / total)).collect()
-}
-
 /// Index of the largest logit; the lowest index wins ties.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -308,25 +259,25 @@ mod tests {
     #[test]
     fn nan_and_masked_logits_never_panic() {
         for temperature in [0.0, 0.8] {
-            let mut s = Sampler::new(SamplerConfig { temperature, ..Default::default() });
-            let _ = s.sample(&[f32::NAN; 5], &[]);
-            assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0], &[]), 2);
-            let _ = s.sample(&[f32::NEG_INFINITY; 3], &[]);
+            let s = Sampler::new(SamplerConfig { temperature, ..Default::default() });
+            let _ = s.sample(&[f32::NAN; 5], &[], 0);
+            assert_eq!(s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0], &[], 1), 2);
+            let _ = s.sample(&[f32::NEG_INFINITY; 3], &[], 2);
         }
     }
 
     #[test]
     fn greedy_takes_the_first_maximum() {
         assert_eq!(argmax(&[0.0, 3.0, 1.0, 3.0]), 1);
-        let mut s = Sampler::new(SamplerConfig::default());
-        assert_eq!(s.sample(&[0.0, 3.0, 1.0, 3.0], &[]), 1);
+        let s = Sampler::new(SamplerConfig::default());
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0, 3.0], &[], 0), 1);
     }
 
     #[test]
     fn repetition_penalty_can_change_the_choice() {
-        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, ..Default::default() });
-        assert_eq!(s.sample(&[3.0, 2.0], &[0]), 1);
-        assert_eq!(s.sample(&[3.0, 2.0], &[1]), 0);
+        let s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, ..Default::default() });
+        assert_eq!(s.sample(&[3.0, 2.0], &[0], 0), 1);
+        assert_eq!(s.sample(&[3.0, 2.0], &[1], 0), 0);
     }
 
     #[test]
@@ -339,10 +290,10 @@ mod tests {
             idx[..3].to_vec()
         };
         top3.sort();
-        let (mut a, mut b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+        let (a, b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
         let mut seen = std::collections::HashSet::new();
-        for _ in 0..200 {
-            let (x, y) = (a.sample(&logits, &[]), b.sample(&logits, &[]));
+        for n in 0..200 {
+            let (x, y) = (a.sample(&logits, &[], n), b.sample(&logits, &[], n));
             assert_eq!(x, y);
             assert!(top3.contains(&x));
             seen.insert(x);
@@ -353,7 +304,7 @@ mod tests {
     #[test]
     fn distribution_follows_the_softmax() {
         let logits = [0.0f32, (3.0f32).ln()]; // probabilities 1/4, 3/4
-        let mut s = Sampler::new(SamplerConfig {
+        let s = Sampler::new(SamplerConfig {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
@@ -362,7 +313,7 @@ mod tests {
             ..Default::default()
         });
         let n = 20000;
-        let ones = (0..n).filter(|_| s.sample(&logits, &[]) == 1).count();
+        let ones = (0..n).filter(|&i| s.sample(&logits, &[], i) == 1).count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.02, "got {frac}");
     }
@@ -370,7 +321,7 @@ mod tests {
     #[test]
     fn top_p_and_min_p_cut_the_tail() {
         let logits = [10.0f32, 9.0, 0.0, -5.0];
-        let mut s = Sampler::new(SamplerConfig {
+        let s = Sampler::new(SamplerConfig {
             temperature: 1.0,
             top_k: 0,
             top_p: 0.5,
@@ -378,8 +329,8 @@ mod tests {
             seed: 3,
             ..Default::default()
         });
-        assert!((0..500).all(|_| s.sample(&logits, &[]) == 0));
-        let mut s = Sampler::new(SamplerConfig {
+        assert!((0..500).all(|i| s.sample(&logits, &[], i) == 0));
+        let s = Sampler::new(SamplerConfig {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
@@ -387,54 +338,65 @@ mod tests {
             seed: 3,
             ..Default::default()
         });
-        assert!((0..500).all(|_| s.sample(&logits, &[]) <= 1));
+        assert!((0..500).all(|i| s.sample(&logits, &[], i) <= 1));
     }
 
-    /// Speculative sampling keeps the target's distribution: over many
-    /// drafts (from a draft distribution q, or always the same token as
-    /// prompt lookup proposes), the tokens chosen follow p. A chi-square
-    /// test with 4 degrees of freedom at p < 0.001 (critical value 18.47);
-    /// a rule that accepted every draft, or resampled from p, would fail it.
+    /// The draws at positions 0, 1, 2, … follow the distribution (a
+    /// chi-square test with 4 degrees of freedom at p < 0.001, critical value
+    /// 18.47), and a draft model's guess drawn at the same position from its
+    /// own distribution q is the target's token with probability at least
+    /// (1 − d) / (1 + d), d the total variation distance (always when q = p),
+    /// while a fixed guess (prompt lookup) is the target's token with
+    /// probability p(guess).
     #[test]
-    fn speculative_sampling_keeps_the_target_distribution() {
+    fn positional_draws_follow_the_distribution_and_couple_with_a_draft() {
         let target = [1.0f32, 0.2, -0.5, 0.7, -2.0];
-        let draft = [0.1f32, 1.0, 0.3, -1.0, 0.0];
+        let draft = [0.9f32, 0.3, -0.4, 0.6, -1.5];
         let cfg = SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11, ..Default::default() };
-        let mut s = Sampler::new(cfg.clone());
-        let mut d = Sampler::new(SamplerConfig { seed: 12, ..cfg });
-        let p = match s.distribution(&target, &[]) {
-            Distribution::Weights(w) => normalised(&w),
+        let s = Sampler::new(cfg);
+        let p: Vec<(u32, f64)> = match s.distribution(&target, &[]) {
+            Distribution::Weights(w) => {
+                let total: f64 = w.iter().map(|x| x.1).sum();
+                w.iter().map(|&(id, x)| (id, x / total)).collect()
+            }
             Distribution::Greedy(_) => unreachable!(),
         };
         let expected = |id: u32| p.iter().find(|w| w.0 == id).unwrap().1;
+        let q: Vec<(u32, f64)> = match s.distribution(&draft, &[]) {
+            Distribution::Weights(w) => {
+                let total: f64 = w.iter().map(|x| x.1).sum();
+                w.iter().map(|&(id, x)| (id, x / total)).collect()
+            }
+            Distribution::Greedy(_) => unreachable!(),
+        };
+        let tv: f64 = p.iter().map(|&(id, x)| (x - q.iter().find(|w| w.0 == id).unwrap().1).abs()).sum::<f64>() / 2.0;
         let chi2 = |counts: &[usize; 5], n: usize| -> f64 {
             (0..5)
                 .map(|i| (counts[i] as f64 - n as f64 * expected(i as u32)).powi(2) / (n as f64 * expected(i as u32)))
                 .sum()
         };
-        let n = 100_000;
-        let q = d.distribution(&draft, &[]);
-        let mut from_model = [0usize; 5];
-        let mut from_lookup = [0usize; 5];
+        let n = 100_000u64;
+        let mut counts = [0usize; 5];
+        let (mut same_as_draft, mut same_as_itself, mut same_as_lookup) = (0, 0, 0);
         for i in 0..n {
-            let proposed = d.sample(&draft, &[]);
-            from_model[s.sample_given_draft(&target, &[], proposed, Some(&q)) as usize] += 1;
-            from_lookup[s.sample_given_draft(&target, &[], (i % 5) as u32, None) as usize] += 1;
+            let t = s.sample(&target, &[], i);
+            counts[t as usize] += 1;
+            same_as_draft += usize::from(s.sample(&draft, &[], i) == t);
+            same_as_itself += usize::from(s.sample(&target, &[], i) == t);
+            same_as_lookup += usize::from(t == 0);
         }
-        assert!(chi2(&from_model, n) < 18.47, "draft model: {from_model:?} against {p:?}");
-        assert!(chi2(&from_lookup, n) < 18.47, "lookup: {from_lookup:?} against {p:?}");
-        // the test can fail: always taking the draft gives q's distribution
-        let mut naive = [0usize; 5];
-        for _ in 0..n {
-            naive[d.sample(&draft, &[]) as usize] += 1;
-        }
-        assert!(chi2(&naive, n) > 18.47);
-    }
-
-    #[test]
-    fn greedy_ignores_the_draft() {
-        let mut s = Sampler::new(SamplerConfig::default());
-        assert_eq!(s.sample_given_draft(&[0.0, 3.0, 1.0], &[], 2, None), 1);
-        assert_eq!(s.sample_given_draft(&[0.0, 3.0, 1.0], &[], 1, None), 1);
+        assert!(chi2(&counts, n as usize) < 18.47, "{counts:?} against {p:?}");
+        assert_eq!(same_as_itself, n as usize);
+        let rate = same_as_draft as f64 / n as f64;
+        assert!(rate > 0.9, "a draft close to the target agrees {rate}");
+        assert!(rate >= (1.0 - tv) / (1.0 + tv) - 0.01, "{rate} against total variation {tv}");
+        assert!((same_as_lookup as f64 / n as f64 - expected(0)).abs() < 0.01);
+        // the test can fail: draws that ignored the position would not spread
+        let first = s.sample(&target, &[], 0);
+        let stuck: [usize; 5] = std::array::from_fn(|k| if k as u32 == first { n as usize } else { 0 });
+        assert!(chi2(&stuck, n as usize) > 18.47);
+        // another seed, other draws
+        let other = Sampler::new(SamplerConfig { seed: 12, ..s.config.clone() });
+        assert!((0..64).any(|i| other.sample(&target, &[], i) != s.sample(&target, &[], i)));
     }
 }

@@ -120,22 +120,12 @@ impl Decoding {
     }
 
     /// Samples the token after `logits`; `room` says whether the sequence
-    /// has a position left to run it (else the token is the last).
+    /// has a position left to run it (else the token is the last). The
+    /// sampler draws the n-th token with the n-th random number of its seed,
+    /// so the token is the same whether a drafter guessed it or not: a guess
+    /// is kept when it is this token (`verify`), and a seed fixes the output
+    /// with or without speculative decoding.
     pub fn next(&mut self, logits: &[f32], tokenizer: Option<&Tokenizer>, room: bool) -> Next {
-        self.next_given_draft(logits, tokenizer, room, None)
-    }
-
-    /// `next`, when a drafter guessed the token (`draft`: the guess and the
-    /// distribution it came from, None for prompt lookup): the sampler's
-    /// speculative rule, so the result follows the same distribution as
-    /// `next` (greedy: the same token).
-    pub fn next_given_draft(
-        &mut self,
-        logits: &[f32],
-        tokenizer: Option<&Tokenizer>,
-        room: bool,
-        draft: Option<(u32, Option<&Distribution>)>,
-    ) -> Next {
         if self.tokens.len() >= self.max_tokens {
             return Next::End(Finish::Length);
         }
@@ -148,10 +138,7 @@ impl Decoding {
                 None => return Next::End(Finish::Length),
             },
         };
-        let id = match draft {
-            Some((guess, draft_dist)) => self.sampler.draw_given_draft(&dist, guess, draft_dist),
-            None => self.sampler.draw_from(&dist),
-        };
+        let id = self.sampler.draw_at(&dist, self.tokens.len() as u64);
         if self.stop_ids.contains(&id) {
             return Next::End(Finish::Stop);
         }
@@ -227,6 +214,11 @@ impl Decoding {
             }
         }
         any.then(|| self.sampler.distribution(&masked, &self.history))
+    }
+
+    /// Tokens sampled so far (the next one is at this position of the output).
+    pub fn generated(&self) -> usize {
+        self.tokens.len()
     }
 
     /// Tokens still allowed after the ones sampled so far.
@@ -455,8 +447,8 @@ pub struct Verdict {
 /// last positions (`vocab` wide; the pending token's and the draft's, or a
 /// prompt's last), and `left` is how many positions the state has left
 /// after the pass. Row i gives the next token; the draft's guess i is kept
-/// when the sampler (given the guess) picks it, and the first other token
-/// ends the pass as the next pending one. Each token goes to `on`.
+/// when the sampler picks it, and the first other token ends the pass as
+/// the next pending one. Each token goes to `on`.
 pub fn verify(
     decoding: &mut Decoding,
     rows: &[f32],
@@ -471,11 +463,8 @@ pub fn verify(
     let mut accepted = 0;
     for i in 0..=draft.ids.len() {
         let logits = &rows[i * vocab..(i + 1) * vocab];
-        let guess = draft.ids.get(i).map(|&id| (id, draft.dists.get(i)));
-        let next = match guess {
-            Some(g) => decoding.next_given_draft(logits, tokenizer, i < room, Some(g)),
-            None => decoding.next(logits, tokenizer, i < room),
-        };
+        let guess = draft.ids.get(i).copied();
+        let next = decoding.next(logits, tokenizer, i < room);
         match next {
             Next::End(finish) => return Verdict { accepted, next: Err(finish) },
             Next::Token { id, text, finish } => {
@@ -485,7 +474,7 @@ pub fn verify(
                 if let Some(finish) = finish {
                     return Verdict { accepted, next: Err(finish) };
                 }
-                if guess.is_some_and(|g| g.0 == id) {
+                if guess == Some(id) {
                     accepted += 1;
                 } else {
                     return Verdict { accepted, next: Ok(id) };

@@ -8,9 +8,12 @@
 //! (`Decoding::next_given_draft`), and the first refused draft ends the
 //! pass, so one pass yields between one token and all the drafts plus one.
 //! The forward pass is batch-size invariant, so each position's logits are
-//! the bits of a one-token step: greedy output is identical with and
-//! without speculation. With temperature the sampler's speculative rule
-//! keeps the target's distribution.
+//! the bits of a one-token step, and the sampler draws the n-th token of the
+//! output with the n-th random number of its seed: the output is identical
+//! with and without speculation, greedy or with temperature, whatever the
+//! number of guesses per pass. A draft model guesses with the same random
+//! numbers (from its own distribution), so that its guesses are the
+//! target's tokens as often as the two distributions allow.
 //!
 //! How many tokens to draft is chosen each time (`Pacer`) from the measured
 //! cost of a pass over n tokens and the acceptance rate seen so far:
@@ -22,7 +25,7 @@ use std::time::Instant;
 
 use super::{Decoding, Sequence};
 use crate::model::{LogitsFor, Model};
-use crate::sampler::{Distribution, Sampler, SamplerConfig};
+use crate::sampler::{Sampler, SamplerConfig};
 
 /// Where drafts come from.
 pub enum Source {
@@ -58,23 +61,22 @@ impl DraftModel {
         Ok(())
     }
 
-    /// Up to `max` tokens after `context`, each with the distribution it was
-    /// drawn from (the target's sampler settings applied to the draft
-    /// model's logits).
+    /// Up to `max` tokens after `context`, the first at output position
+    /// `position`: each drawn by the target's sampler settings from the draft
+    /// model's logits, with the random number the target draws there.
     fn propose(
         &mut self,
         context: &[u32],
         max: usize,
         config: &SamplerConfig,
-    ) -> Result<(Vec<u32>, Vec<Distribution>), String> {
-        // its own random stream, from the target's settings and the seed after the target's
-        let wanted = SamplerConfig { seed: config.seed.wrapping_add(1), ..config.clone() };
-        if self.sampler.config != wanted {
-            self.sampler = Sampler::new(wanted);
+        position: u64,
+    ) -> Result<Vec<u32>, String> {
+        if &self.sampler.config != config {
+            self.sampler = Sampler::new(config.clone());
         }
         let room = self.seq.state().ctx;
         if context.len() + max > room {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Vec::new());
         }
         let kept = self.seq.reuse_prefix(context);
         let mut logits = Vec::new();
@@ -83,21 +85,16 @@ impl DraftModel {
         }
         let vocab = self.model.config.vocab_size;
         let mut history = context.to_vec();
-        let (mut ids, mut dists) = (Vec::new(), Vec::new());
+        let mut ids = Vec::new();
         for i in 0..max {
-            let dist = self.sampler.distribution(&logits[logits.len() - vocab..], &history);
-            let id = match &dist {
-                Distribution::Greedy(id) => *id,
-                Distribution::Weights(_) => self.sampler.sample(&logits[logits.len() - vocab..], &history),
-            };
+            let id = self.sampler.sample(&logits[logits.len() - vocab..], &history, position + i as u64);
             ids.push(id);
-            dists.push(dist);
             history.push(id);
             if i + 1 < max {
                 logits = self.model.forward_one(&mut self.seq, &[id], LogitsFor::Last)?;
             }
         }
-        Ok((ids, dists))
+        Ok(ids)
     }
 }
 
@@ -114,9 +111,6 @@ impl Model {
 #[derive(Default)]
 pub struct Draft {
     pub ids: Vec<u32>,
-    /// Per guess, the distribution it was drawn from (a draft model's);
-    /// empty for prompt lookup, which always proposes what it found.
-    pub dists: Vec<Distribution>,
 }
 
 /// Drafted and accepted tokens, and the verification passes with a draft.
@@ -185,24 +179,25 @@ impl Speculator {
         }
         let mut context = seq.cached.clone();
         context.push(pending);
-        self.draft(&context, room, decoding.sampler_config())
+        // the pending token is the output's last so far: the guesses follow it
+        self.draft(&context, room, decoding.sampler_config(), decoding.generated() as u64)
     }
 
     /// A draft of at most `room` tokens to follow `context` (the tokens the
-    /// target holds and the pending one).
-    fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig) -> Result<Draft, String> {
+    /// target holds and the pending one), the first at output position `position`.
+    fn draft(&mut self, context: &[u32], room: usize, config: &SamplerConfig, position: u64) -> Result<Draft, String> {
         let limit = self.sizes.1.min(room);
         let k = self.pacer.choose(limit).max(self.sizes.0.min(limit));
         if k == 0 {
             return Ok(Draft::default());
         }
         match &mut self.source {
-            Source::Lookup { ngram } => Ok(Draft { ids: lookup(context, *ngram, k), dists: Vec::new() }),
+            Source::Lookup { ngram } => Ok(Draft { ids: lookup(context, *ngram, k) }),
             Source::Model(m) => {
                 let t0 = Instant::now();
-                let (ids, dists) = m.propose(context, k, config)?;
+                let ids = m.propose(context, k, config, position)?;
                 self.pacer.draft_time(ids.len(), t0.elapsed().as_secs_f64());
-                Ok(Draft { ids, dists })
+                Ok(Draft { ids })
             }
         }
     }
