@@ -183,6 +183,28 @@ def test_gguf_tokenizer_matches_oracle(name, from_gguf, oracle, cases_binary, tm
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_plain_text_encodes_special_tokens_as_text(name, converted, from_gguf, oracle, cases_binary, tmp_path):
+    """Text from users (chat messages, raw prompts by default) is encoded with special tokens as
+    plain text: the oracle is HF with `encode_special_tokens = True` (added tokens that are not
+    special are still matched), from the converted tokenizer and from the model's GGUF."""
+    hf = tokenizers.Tokenizer.from_str(oracle[name].to_str())
+    hf.encode_special_tokens = True
+    texts = CASES + random_texts(oracle[name], 20, seed=len(name) + 7)
+    lines = [f"P {flag} {t.encode('utf-8').hex()}" for t in texts for flag in (0, 1)]
+    for mlt in (converted[name], from_gguf[name]):
+        results = iter(cases_binary(mlt, lines, tmp_path))
+        for text in texts:
+            for add_special in (False, True):
+                if mlt == from_gguf[name] and "\u2581" in text:
+                    next(results)
+                    continue  # as in test_gguf_tokenizer_matches_oracle
+                want = hf.encode(text, add_special_tokens=add_special).ids
+                assert next(results)["ids"] == want, (mlt.name, text[:60], add_special)
+    # the cases do hold special tokens that the default encode matches
+    assert any(len(oracle[name].encode(t).ids) != len(hf.encode(t).ids) for t in CASES)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_decode_oracle_ids(name, converted, oracle, cases_binary, tmp_path):
     """Round-trip: Krafla decodes the oracle's ids of every case to the oracle's text."""
     hf = oracle[name]

@@ -26,7 +26,8 @@
 //!                                     compiled with that variant's target features
 //!   cargo xtask fuzz [TARGET] [--seconds N] [--jobs J]
 //!                                     the cargo-fuzz targets of tests/fuzz/ (mlb, mlt, gguf,
-//!                                     http_head, json_request; default all), each for N s
+//!                                     http_head, json_request, json_schema, gbnf, imatrix,
+//!                                     scaled; default all), each for N s
 //!                                     (default 1800), J at a time (default 2); corpus kept in
 //!                                     target/fuzz-corpus/; fails on a crash (docs/FUZZING.md)
 

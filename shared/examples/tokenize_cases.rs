@@ -4,6 +4,7 @@
 //!
 //! Each input line is one case (hex avoids any escaping or JSON parsing):
 //! * `E <0|1> <hex of UTF-8 text>` — encode with add_special = 0/1;
+//! * `P <0|1> <hex of UTF-8 text>` — encode as plain text (special tokens in it are text);
 //! * `D <comma-separated ids>` — decode those ids.
 //!
 //! Each case prints one JSON line: `{"ids":[..],"decoded":"<hex>","streamed":"<hex>"}`
@@ -50,10 +51,13 @@ fn streamed(tok: &Tokenizer, ids: &[u32]) -> Vec<u8> {
 fn run_case(tok: &Tokenizer, line: &str) -> Result<String, String> {
     let mut parts = line.splitn(3, ' ');
     let ids = match (parts.next(), parts.next(), parts.next()) {
-        (Some("E"), Some(flag), text) => {
+        (Some(mode @ ("E" | "P")), Some(flag), text) => {
             let text = String::from_utf8(hex_decode(text.unwrap_or(""))?)
                 .map_err(|e| format!("case text is not UTF-8: {e}"))?;
-            tok.encode(&text, flag == "1")
+            match mode {
+                "E" => tok.encode(&text, flag == "1"),
+                _ => tok.encode_plain(&text, flag == "1"),
+            }
         }
         (Some("D"), ids, None) => parse_ids(ids.unwrap_or(""))?,
         _ => return Err(format!("bad case line {line:?}")),

@@ -102,7 +102,8 @@ pub fn http_head(data: &[u8]) {
 pub fn json_request(data: &[u8]) {
     if let Ok(obj) = api::parse_object(data) {
         for chat in [false, true] {
-            let _ = api::parse_request(&obj, chat, 7);
+            let server = api::ServerDefaults { seed: 7, timeout: None, received: std::time::Instant::now() };
+            let _ = api::parse_request(&obj, chat, &server);
         }
     }
 }
@@ -149,6 +150,76 @@ fn grammar_run(g: Grammar, data: &[u8]) {
     }
 }
 
+/// The most bytes `scaled` builds: far beyond any nesting limit, and enough
+/// that a parser quadratic in its input takes seconds where a linear one
+/// takes milliseconds.
+const SCALED_MAX: usize = 256 << 10;
+
+/// A short input scaled up, for the parsers of request text: the bytes are
+/// `kind, n (u16), |P|, P, |A|, A, |M|, M, |C|, C, S` and the text is
+/// P A^n M C^n S (at most `SCALED_MAX` bytes), so that a few bytes make
+/// nesting thousands deep (`(`^n … `)`^n) or a long run of one construct (a
+/// literal of n CJK characters). `kind` picks the parser: a GBNF grammar, a
+/// JSON Schema (its JSON text), a schema `pattern`, or an API request body.
+/// It runs on a thread with a server connection's stack (2 MiB), where a
+/// parser that recursed once per nesting level would overflow; `cargo xtask
+/// fuzz` gives this target one second per input, so a parser that is not
+/// linear in its input fails it too.
+pub fn scaled(data: &[u8]) {
+    let Some((&kind, rest)) = data.split_first() else { return };
+    let Some(text) = scale(rest) else { return };
+    let run = move || match kind % 4 {
+        0 => {
+            if let Ok(text) = std::str::from_utf8(&text) {
+                if let Err(e) = gbnf::compile(text) {
+                    one_line(&e);
+                }
+            }
+        }
+        1 => {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text) {
+                if let Err(e) = schema::compile(&v) {
+                    one_line(&e);
+                }
+            }
+        }
+        2 => {
+            let pattern = String::from_utf8_lossy(&text).into_owned();
+            if let Err(e) = schema::compile(&serde_json::json!({"type": "string", "pattern": pattern})) {
+                one_line(&e);
+            }
+        }
+        _ => json_request(&text),
+    };
+    let thread = std::thread::Builder::new().stack_size(2 << 20).spawn(run).expect("a thread");
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// `scaled`'s text: P A^n M C^n S from `n (u16), |P|, P, |A|, A, |M|, M, |C|, C, S`.
+fn scale(data: &[u8]) -> Option<Vec<u8>> {
+    let (n, mut rest) = (usize::from(u16::from_le_bytes([*data.first()?, *data.get(1)?])), &data[2..]);
+    let mut part = || -> Option<&[u8]> {
+        let (&len, after) = rest.split_first()?;
+        let (p, after) = after.split_at_checked(usize::from(len))?;
+        rest = after;
+        Some(p)
+    };
+    let (p, a, m, c) = (part()?, part()?, part()?, part()?);
+    let s = rest;
+    let fixed = p.len() + m.len() + s.len();
+    let per = a.len() + c.len();
+    let n = SCALED_MAX.saturating_sub(fixed).checked_div(per).map_or(0, |most| n.min(most));
+    let mut text = Vec::with_capacity(fixed + n * per);
+    text.extend_from_slice(p);
+    (0..n).for_each(|_| text.extend_from_slice(a));
+    text.extend_from_slice(m);
+    (0..n).for_each(|_| text.extend_from_slice(c));
+    text.extend_from_slice(s);
+    Some(text)
+}
+
 /// An importance matrix (`--imatrix`): when it parses, it writes back to the
 /// same bytes, and every entry's weights drive a fitted Q4_0 quantisation of
 /// a row of its width (finite blocks, never worse than the max rule's error
@@ -180,13 +251,45 @@ pub fn imatrix(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    /// `scaled` builds P A^n M C^n S, within its limit.
+    #[test]
+    fn scaled_inputs_are_built_as_described() {
+        let input = |n: u16, parts: [&[u8]; 4], s: &[u8]| {
+            let mut v = n.to_le_bytes().to_vec();
+            for p in parts {
+                v.push(p.len() as u8);
+                v.extend_from_slice(p);
+            }
+            v.extend_from_slice(s);
+            v
+        };
+        assert_eq!(super::scale(&input(3, [b"r=", b"(", b"a", b")"], b"!")).unwrap(), b"r=(((a)))!");
+        let big = super::scale(&input(u16::MAX, [b"", b"abcdefg", b"", b"z"], b"")).unwrap();
+        assert_eq!(big.len(), super::SCALED_MAX);
+        assert!(super::scale(&[1]).is_none() && super::scale(&input(2, [b"", b"", b"", b""], b"")).is_some());
+        // the findings of issue 32 as inputs of this shape fail cleanly and quickly
+        let started = std::time::Instant::now();
+        for (kind, n, parts, s) in [
+            (0u8, 10_000, [&b"root ::= "[..], b"(", b"\"a\"", b")"], &b""[..]),
+            (0, 60_000, [b"root ::= \"", "語".as_bytes(), b"", b""], b"\""),
+            (2, 3_000, [b"^", b"(", b"a", b")"], b"$"),
+            (1, 3_000, [b"", b"{\"anyOf\": [", b"{}", b"]}"], b""),
+            (3, 50_000, [b"{\"messages\": ", b"[", b"", b"]"], b"}"),
+        ] {
+            let mut data = vec![kind];
+            data.extend(input(n, parts, s));
+            super::scaled(&data);
+        }
+        assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    }
+
     /// Every committed seed of every fuzz target runs through its entry
     /// point cleanly (what the fuzzer starts from keeps parsing).
     #[test]
     fn the_seeds_run_cleanly() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
         type Entry = fn(&[u8]);
-        let targets: [(&str, Entry); 7] = [
+        let targets: [(&str, Entry); 8] = [
             ("mlb", super::mlb),
             ("mlt", super::mlt),
             ("gguf", super::gguf),
@@ -194,6 +297,7 @@ mod tests {
             ("json_request", super::json_request),
             ("json_schema", super::json_schema),
             ("gbnf", super::gbnf),
+            ("scaled", super::scaled),
         ];
         for (name, run) in targets {
             let dir = seeds.join(name);

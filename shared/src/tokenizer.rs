@@ -75,9 +75,10 @@ impl Tokenizer {
             ModelKind::ByteLevel => byte_level_ids(&vocab),
             ModelKind::SentencePiece => byte_token_ids(&raw.tokens, &raw.types)?,
         };
+        // control and unknown tokens are HF's special added tokens; user-defined ones are not
         let added = AddedTokens::new(raw.tokens.iter().zip(&raw.types).enumerate().filter_map(|(id, (t, &ty))| {
             let verbatim = matches!(ty, mlt::TYPE_CONTROL | mlt::TYPE_USER | mlt::TYPE_UNKNOWN);
-            verbatim.then_some((t.as_str(), id as u32))
+            verbatim.then_some((t.as_str(), id as u32, ty != mlt::TYPE_USER))
         }));
         let pieces = decoded_pieces(raw.kind, &raw.tokens, &raw.types);
         Ok(Tokenizer {
@@ -107,12 +108,27 @@ impl Tokenizer {
     /// special/added tokens in `text` are matched verbatim; bos/eos added per the file's
     /// flags when `add_special`.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.encode_with_plain(text, &[], add_special)
+    }
+
+    /// `encode` of text that came from a user: special tokens written in it (`<|im_start|>`,
+    /// `<s>`) are plain text, as HF does with `encode_special_tokens = True`; added tokens
+    /// that are not special are still matched.
+    pub fn encode_plain(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let whole = 0..text.len();
+        self.encode_with_plain(text, std::slice::from_ref(&whole), add_special)
+    }
+
+    /// `encode`, with special tokens matched only outside the byte ranges `plain` (sorted,
+    /// disjoint: the parts of a chat prompt that users wrote). Text on both sides of a
+    /// range's edge is encoded together, as in the whole text.
+    pub fn encode_with_plain(&self, text: &str, plain: &[std::ops::Range<usize>], add_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
         if add_special && self.flag(mlt::FLAG_ADD_BOS) {
             out.extend(self.bos);
         }
         let mut scratch = Vec::new();
-        self.added.split(text, |seg| match seg {
+        self.added.split(text, plain, |seg| match seg {
             Segment::Token(id) => out.push(id),
             Segment::Text(run) => self.encode_run(run, &mut scratch, &mut out),
         });

@@ -18,7 +18,8 @@ that parse.
   HTTP, JSON   requests as tests/test_server.py sends them (with schemas
          and tools as tests/test_structured.py and test_tools.py do);
   schemas, GBNF   JSON Schemas and grammars as those tests give them;
-  imatrix  two small importance matrices as `ml_run --imatrix-out` writes them.
+  imatrix  two small importance matrices as `ml_run --imatrix-out` writes them;
+  scaled   short inputs scaled up: nested groups, a long literal (`SCALED`).
 
 Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt).
 """
@@ -218,6 +219,26 @@ GRAMMARS = {
 }
 
 
+# `scaled` (shared/src/fuzz_entry.rs): kind, n, and the parts of P A^n M C^n S. The shapes of
+# issue 32's findings, at small n: nested groups in a grammar, a pattern, a schema and a request;
+# a long literal.
+SCALED = {
+    "gbnf-groups": (0, 50, "root ::= ", "(", '"a"', ")", "\n"),
+    "gbnf-literal": (0, 200, 'root ::= "', "語", "", "", '"\n'),
+    "schema-anyof": (1, 20, "", '{"anyOf": [', "{}", "]}", ""),
+    "pattern-groups": (2, 50, "^", "(", "a|b", ")", "$"),
+    "request-arrays": (3, 30, '{"messages": ', "[", "", "]", "}"),
+}
+
+
+def scaled_input(kind, n, p, a, m, c, s):
+    out = bytearray([kind]) + struct.pack("<H", n)
+    for part in (p, a, m, c):
+        b = part.encode()
+        out += bytes([len(b)]) + b
+    return bytes(out + s.encode())
+
+
 def imatrix_file(entries):
     """An importance matrix as `ml_run --imatrix-out` writes it (shared/src/import/imatrix.rs)."""
     out = bytearray(b"KRAFLA-IMATRIX-1\n") + struct.pack("<I", len(entries))
@@ -238,6 +259,8 @@ def main():
         mlb_seeds(tmp)
     for name, data in HTTP.items():
         put("http_head", name, data)
+    for name, shape in SCALED.items():
+        put("scaled", name, scaled_input(*shape))
     for name, body in JSON.items():
         put("json_request", name, json.dumps(body, ensure_ascii=False).encode())
     for name, schema in SCHEMAS.items():

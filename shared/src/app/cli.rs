@@ -4,7 +4,7 @@
 //! `--tokenize`, `--print-ids`).
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +16,7 @@ use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
 use super::speculation::SpecArgs;
 use super::stdout;
+use crate::chat::PromptText;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::grammar::{self, Constrained, Grammar, Vocab};
 use crate::import::calibrate;
@@ -110,14 +111,17 @@ pub struct Args {
     /// Constrain the output to a GBNF grammar (llama.cpp's format) in FILE.
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
+    /// Read special tokens written in a raw prompt (`<|im_start|>`, `<s>`) as the control
+    /// tokens they name, for prompts that spell out a chat format themselves. Without it
+    /// they are plain text, and in a chat (--chat) the user's text is always plain.
+    #[arg(long)]
+    pub parse_special: bool,
 }
 
 /// The grammar of `--json-schema` or `--grammar`, compiled before the model
 /// loads so that a bad one costs nothing.
 fn output_grammar(args: &Args) -> Result<Option<Arc<Grammar>>, String> {
-    let read = |path: &Path, what: &str| {
-        std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read the {what}: {e}", path.display()))
-    };
+    let read = |path: &Path, what: &str| super::read_text_file(path, super::MAX_GRAMMAR_FILE, what);
     if let Some(arg) = &args.json_schema {
         let (text, name) = match arg.trim_start().starts_with('{') {
             true => (arg.clone(), "--json-schema".to_string()),
@@ -162,7 +166,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     let text = if is_chat(&args) { None } else { prompt_text(&args, tokenizer.as_ref())? };
     if args.tokenize {
         let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z, or a GGUF model)")?;
-        let ids = tok.encode(text.as_deref().unwrap_or(""), true);
+        let ids = text.unwrap_or_default().encode(tok, true);
         return stdout::line(&format!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")));
     }
     let (pool, threads) = args.run.thread_pool()?;
@@ -184,24 +188,30 @@ fn is_chat(args: &Args) -> bool {
 
 /// The prompt text (`-p` then `-f`; without either, what is piped to stdin
 /// when nothing else gives the input), wrapped in the chat template when
-/// there is one.
-fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<String>, String> {
+/// there is one. The user's text is plain (no control tokens) unless
+/// `--parse-special` asks for a raw prompt's to be read.
+fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<PromptText>, String> {
     let mut text = args.prompt.clone();
     if let Some(path) = &args.prompt_file {
-        let t =
-            std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read prompt file: {e}", path.display()))?;
+        let t = super::read_text_file(path, super::MAX_PROMPT_FILE, "the prompt file")?;
         text = Some(text.map_or(t.clone(), |p| p + &t));
     }
     let other_input =
         args.prompt_ids.is_some() || args.bench || args.perplexity.is_some() || args.imatrix_out.is_some();
     if text.is_none() && !other_input && !std::io::stdin().is_terminal() && args.model.is_some() {
-        let mut t = String::new();
-        std::io::stdin().read_to_string(&mut t).map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
-        text = Some(t);
+        let bytes = super::read_capped(std::io::stdin(), super::MAX_PROMPT_FILE, "the prompt from stdin")?;
+        text = Some(String::from_utf8(bytes).map_err(|_| "the prompt from stdin is not UTF-8 text")?);
     }
     Ok(match (args.run.template(tokenizer, false)?, text) {
+        (Some(_), Some(_)) if args.parse_special => {
+            return Err("--parse-special is for raw prompts: with a chat template, only the template writes control \
+                        tokens (leave out --chat, or --parse-special)"
+                .into())
+        }
         (Some(template), Some(t)) => Some(template.format_turn(args.run.system.as_deref(), &t)),
-        (_, t) => t,
+        (None, Some(t)) if args.parse_special => Some(PromptText::template(&t)),
+        (None, Some(t)) => Some(PromptText::plain(&t)),
+        (_, None) => None,
     })
 }
 
@@ -216,7 +226,7 @@ fn run_model(
     args: &Args,
     file: Option<ModelFile>,
     tokenizer: Option<Tokenizer>,
-    text: Option<String>,
+    text: Option<PromptText>,
     threads: usize,
     started: Instant,
     grammar: Option<Arc<Grammar>>,
@@ -251,7 +261,7 @@ fn run_model(
     }
     if let Some(path) = &args.perplexity {
         let tok = tokenizer.as_ref().ok_or("--perplexity needs a tokenizer (-z)")?;
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let text = super::read_text_file(path, super::MAX_TEXT_FILE, "the text")?;
         let ctx = args.run.ctx.unwrap_or(512);
         if ctx < 4 || ctx > model.config.context_length {
             return Err(format!("--ctx {ctx} must be within 4..={}", model.config.context_length));
@@ -299,7 +309,7 @@ fn run_model(
 
     let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
         (Some(ids), _, _) => ids.clone(),
-        (None, Some(t), Some(tok)) => tok.encode(t, true),
+        (None, Some(t), Some(tok)) => t.encode(tok, true),
         (None, Some(_), None) => return Err("a text prompt needs a tokenizer (-z), or use --prompt-ids".into()),
         (None, None, _) => return Err("no prompt: give -p, -f or --prompt-ids".into()),
     };

@@ -108,13 +108,14 @@ pub fn run(
         // differently from how it was prompted) the whole conversation again.
         conv.messages.push(Message::new(Role::User, line.trim_end()));
         let full = template.format(system, &conv.messages)?;
-        let ids = match full.strip_prefix(conv.text.as_str()) {
-            Some(delta) if !conv.ids.is_empty() => {
+        // (what the user typed is plain text: a `<|im_start|>` in it is not a control token)
+        let ids = match full.as_str().starts_with(conv.text.as_str()) {
+            true if !conv.ids.is_empty() => {
                 let mut ids = conv.ids.clone();
-                ids.extend(tokenizer.encode(delta, false));
+                ids.extend(full.after(conv.text.len()).encode(tokenizer, false));
                 ids
             }
-            _ => tokenizer.encode(&full, true),
+            _ => full.encode(tokenizer, true),
         };
         if ids.len() >= ctx {
             conv.messages.pop();
@@ -171,7 +172,7 @@ pub fn run(
 
         conv.ids = ids;
         conv.ids.extend(&done.tokens);
-        conv.text = full + &answer;
+        conv.text = full.as_str().to_string() + &answer;
         conv.messages.push(Message::new(Role::Assistant, answer));
         let note = match done.finish {
             Finish::Cancelled => " (stopped)",

@@ -37,6 +37,36 @@ pub fn main() -> i32 {
     }
 }
 
+/// The most bytes of a `--json-schema` or `--grammar` file (the server's
+/// request bodies are 1 MiB by default).
+pub const MAX_GRAMMAR_FILE: u64 = 16 << 20;
+/// The most bytes of a prompt (`-f`, stdin) or an `--imatrix` file: far
+/// beyond any context, far below what would exhaust memory.
+pub const MAX_PROMPT_FILE: u64 = 64 << 20;
+/// The most bytes of a `--perplexity` text.
+pub const MAX_TEXT_FILE: u64 = 1 << 30;
+
+/// Reads at most `limit` bytes from `input` (a file, a device such as
+/// /dev/zero, or stdin); more is an error naming `what`, so that no input
+/// can make the program read until memory runs out.
+pub(crate) fn read_capped(input: impl std::io::Read, limit: u64, what: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    input.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {what}: {e}"))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("{what} is larger than {} MiB", limit >> 20));
+    }
+    Ok(bytes)
+}
+
+/// The file at `path` as text (`read_capped`); errors name the file.
+pub(crate) fn read_text_file(path: &std::path::Path, limit: u64, what: &str) -> Result<String, String> {
+    let name = format!("{} ({what})", path.display());
+    let file = std::fs::File::open(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    let bytes = read_capped(file, limit, &name)?;
+    String::from_utf8(bytes).map_err(|e| format!("{name}: not UTF-8 text (at byte {})", e.utf8_error().valid_up_to()))
+}
+
 /// `text` made safe to print on one line of a terminal or a log: control
 /// characters (C0, DEL, C1), line and paragraph separators and bidirectional
 /// overrides, which a file or a request could use to fake log lines or drive

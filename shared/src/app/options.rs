@@ -172,7 +172,8 @@ impl RunArgs {
     pub fn import_options(&self) -> Result<ImportOptions, String> {
         let imatrix = match &self.imatrix {
             Some(path) => {
-                let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+                let file = std::fs::File::open(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+                let bytes = super::read_capped(file, super::MAX_PROMPT_FILE, &path.display().to_string())?;
                 Some(Arc::new(Imatrix::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))?))
             }
             None => None,
@@ -276,7 +277,7 @@ impl ModelFile {
         let mut head = [0u8; 4];
         let n = std::fs::File::open(path)
             .and_then(|mut f| f.read(&mut head))
-            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
         if Gguf::sniff(&head[..n]) {
             Ok(ModelFile::Gguf(Box::new(Gguf::open(path)?)))
         } else {

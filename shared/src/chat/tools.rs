@@ -18,9 +18,11 @@
 //! JSON is written as Python's `json.dumps` writes it (`", "` and `": "`),
 //! as the templates' `tojson` did when the models were trained.
 
+use std::time::Instant;
+
 use serde_json::{Map, Value};
 
-use super::Template;
+use super::{PromptText, Template};
 use crate::grammar::{schema, Builder, Grammar, Sym};
 
 /// The most calls one forced answer may hold: a small model that may go on
@@ -136,19 +138,19 @@ fn arguments_json(arguments: &str) -> String {
 
 impl CallSyntax {
     /// What the system message gains (Hermes), where the tools are shown there.
-    pub fn system_tools_text(self, tools: &[Tool]) -> Option<String> {
+    pub fn system_tools_text(self, tools: &[Tool]) -> Option<PromptText> {
         if self != CallSyntax::Hermes || tools.is_empty() {
             return None;
         }
-        let mut s = String::from(
+        let mut s = PromptText::template(
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
              You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
         );
         for t in tools {
-            s.push('\n');
-            s.push_str(&py_json(&t.as_json(), None));
+            s.push_template("\n");
+            s.push_plain(&py_json(&t.as_json(), None));
         }
-        s.push_str(
+        s.push_template(
             "\n</tools>\n\nFor each function call, return a json object with function name and arguments within \
              <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": \
              <args-json-object>}\n</tool_call>",
@@ -157,33 +159,36 @@ impl CallSyntax {
     }
 
     /// Llama 3.1: the text before the first user message's own.
-    pub fn user_tools_text(self, tools: &[Tool]) -> Option<String> {
+    pub fn user_tools_text(self, tools: &[Tool]) -> Option<PromptText> {
         if self != CallSyntax::Llama3 || tools.is_empty() {
             return None;
         }
-        let mut s = String::from(
+        let mut s = PromptText::template(
             "Given the following functions, please respond with a JSON for a function call with its proper \
              arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \
              \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n",
         );
         for t in tools {
-            s.push_str(&py_json(&t.as_json(), Some(4)));
-            s.push_str("\n\n");
+            s.push_plain(&py_json(&t.as_json(), Some(4)));
+            s.push_template("\n\n");
         }
         Some(s)
     }
 
     /// Mistral: the block before the last user turn.
-    pub fn available_tools_text(self, tools: &[Tool]) -> Option<String> {
+    pub fn available_tools_text(self, tools: &[Tool]) -> Option<PromptText> {
         if self != CallSyntax::Mistral || tools.is_empty() {
             return None;
         }
         let list: Vec<String> = tools.iter().map(|t| py_json(&t.as_json(), None)).collect();
-        Some(format!("[AVAILABLE_TOOLS] [{}][/AVAILABLE_TOOLS]", list.join(", ")))
+        let mut s = PromptText::template("[AVAILABLE_TOOLS] [");
+        s.push_plain(&list.join(", "));
+        s.push_template("][/AVAILABLE_TOOLS]");
+        Some(s)
     }
 
     /// An assistant turn's calls as the model writes them (after its text).
-    pub fn calls_text(self, content: &str, calls: &[ToolCall]) -> Result<String, String> {
+    pub fn calls_text(self, content: &str, calls: &[ToolCall]) -> Result<PromptText, String> {
         let call = |c: &ToolCall, args_key: &str| {
             format!(
                 "{{\"name\": {}, \"{args_key}\": {}}}",
@@ -193,17 +198,19 @@ impl CallSyntax {
         };
         Ok(match self {
             CallSyntax::Hermes => {
-                let mut s = content.to_string();
+                let mut s = PromptText::plain(content);
                 for (i, c) in calls.iter().enumerate() {
                     if i > 0 || !content.is_empty() {
-                        s.push('\n');
+                        s.push_template("\n");
                     }
-                    s.push_str(&format!("<tool_call>\n{}\n</tool_call>", call(c, "arguments")));
+                    s.push_template("<tool_call>\n");
+                    s.push_plain(&call(c, "arguments"));
+                    s.push_template("\n</tool_call>");
                 }
                 s
             }
             CallSyntax::Llama3 => match calls {
-                [c] => call(c, "parameters"),
+                [c] => PromptText::plain(&call(c, "parameters")),
                 _ => return Err("the llama3 template takes one tool call per assistant message".into()),
             },
             CallSyntax::Mistral => {
@@ -215,25 +222,38 @@ impl CallSyntax {
                         format!("{s}, \"id\": {}}}", py_json(&Value::String(c.id.clone()), None))
                     })
                     .collect();
-                format!("[TOOL_CALLS] [{}]", list.join(", "))
+                let mut s = PromptText::template("[TOOL_CALLS] [");
+                s.push_plain(&list.join(", "));
+                s.push_template("]");
+                s
             }
         })
     }
 
     /// A tool's result as the model reads it.
-    pub fn result_text(self, content: &str, call_id: &str) -> String {
+    pub fn result_text(self, content: &str, call_id: &str) -> PromptText {
         match self {
-            CallSyntax::Hermes => format!("<tool_response>\n{content}\n</tool_response>"),
+            CallSyntax::Hermes => {
+                let mut s = PromptText::template("<tool_response>\n");
+                s.push_plain(content);
+                s.push_template("\n</tool_response>");
+                s
+            }
             // the template writes a string result as JSON (`tojson`)
-            CallSyntax::Llama3 => py_json(&Value::String(content.to_string()), None),
-            CallSyntax::Mistral => format!(
-                "[TOOL_RESULTS] {{\"content\": {}, \"call_id\": {}}}[/TOOL_RESULTS]",
-                match serde_json::from_str::<Value>(content) {
-                    Ok(v @ (Value::Object(_) | Value::Array(_))) => py_json(&v, None),
-                    _ => py_json(&Value::String(content.to_string()), None),
-                },
-                py_json(&Value::String(call_id.to_string()), None)
-            ),
+            CallSyntax::Llama3 => PromptText::plain(&py_json(&Value::String(content.to_string()), None)),
+            CallSyntax::Mistral => {
+                let mut s = PromptText::template("[TOOL_RESULTS] ");
+                s.push_plain(&format!(
+                    "{{\"content\": {}, \"call_id\": {}}}",
+                    match serde_json::from_str::<Value>(content) {
+                        Ok(v @ (Value::Object(_) | Value::Array(_))) => py_json(&v, None),
+                        _ => py_json(&Value::String(content.to_string()), None),
+                    },
+                    py_json(&Value::String(call_id.to_string()), None)
+                ));
+                s.push_template("[/TOOL_RESULTS]");
+                s
+            }
         }
     }
 
@@ -249,8 +269,9 @@ impl CallSyntax {
 
     /// The grammar of a required call to one of `tools` (several with
     /// `parallel`, where the format allows it), after `forced_prefix`.
-    pub fn grammar(self, tools: &[Tool], parallel: bool) -> Result<Grammar, String> {
-        let mut b = Builder::default();
+    /// Compiling stops with `grammar::DEADLINE_PASSED` once `deadline` has passed.
+    pub fn grammar(self, tools: &[Tool], parallel: bool, deadline: Option<Instant>) -> Result<Grammar, String> {
+        let mut b = Builder::until(deadline);
         let lit = |s: &str| s.bytes().map(|x| Sym::Bytes(x, x)).collect::<Vec<Sym>>();
         let args_key = if self == CallSyntax::Llama3 { "parameters" } else { "arguments" };
         let mut alts = Vec::new();

@@ -7,21 +7,38 @@
 //! names, `( … )`, and the postfix `* + ? {m} {m,} {m,n}`; `#` starts a
 //! comment. Errors name the line.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
-use super::{Builder, Grammar, RuleId, Sym};
+use super::{Builder, Grammar, RuleId, Sym, MAX_NESTING};
 
 /// Counted repetitions above this are refused (they expand into rules).
 const MAX_COUNT: usize = 1000;
 
 pub fn compile(text: &str) -> Result<Grammar, String> {
-    let mut p = Parser { s: text.as_bytes(), at: 0, b: Builder::default(), names: HashMap::new(), defined: Vec::new() };
+    compile_until(text, None)
+}
+
+/// `compile`, stopping with `grammar::DEADLINE_PASSED` once `deadline` has
+/// passed. Linear in the text: every character is read once.
+pub fn compile_until(text: &str, deadline: Option<Instant>) -> Result<Grammar, String> {
+    let mut p = Parser {
+        text,
+        s: text.as_bytes(),
+        at: 0,
+        depth: 0,
+        b: Builder::until(deadline),
+        names: HashMap::new(),
+        defined: HashSet::new(),
+    };
     p.skip_space(true);
     while p.at < p.s.len() {
         p.rule()?;
         p.skip_space(true);
     }
-    if let Some(name) = p.names.keys().find(|n| !p.defined.contains(n)) {
+    let mut undefined: Vec<&String> = p.names.keys().filter(|n| !p.defined.contains(*n)).collect();
+    undefined.sort();
+    if let Some(name) = undefined.first() {
         return Err(format!("grammar: rule '{}' is used but never defined", name.escape_debug()));
     }
     let root = *p.names.get("root").ok_or("grammar: no 'root' rule")?;
@@ -30,22 +47,25 @@ pub fn compile(text: &str) -> Result<Grammar, String> {
         // name the rule instead of its number
         let id = e.split_whitespace().nth(1).and_then(|n| n.parse::<RuleId>().ok());
         match id.and_then(|id| names.iter().find(|(_, &v)| v == id)) {
-            Some((name, _)) => format!(
+            Some((name, _)) if e.starts_with("rule ") => format!(
                 "grammar: rule '{}' {}",
                 name.escape_debug(),
                 e.split_once(' ').map_or("", |x| x.1).split_once(' ').map_or("", |x| x.1)
             ),
-            None => format!("grammar: {e}"),
+            _ => format!("grammar: {e}"),
         }
     })
 }
 
 struct Parser<'t> {
+    text: &'t str,
     s: &'t [u8],
     at: usize,
+    /// Groups open around the current position.
+    depth: usize,
     b: Builder,
     names: HashMap<String, RuleId>,
-    defined: Vec<String>,
+    defined: HashSet<String>,
 }
 
 impl Parser<'_> {
@@ -59,6 +79,12 @@ impl Parser<'_> {
 
     fn peek(&self) -> Option<u8> {
         self.s.get(self.at).copied()
+    }
+
+    /// The character at the current position, escaped for a message.
+    fn char_here(&self) -> String {
+        let c = self.text.get(self.at..).and_then(|t| t.chars().next()).unwrap_or('\u{fffd}');
+        c.escape_debug().to_string()
     }
 
     /// Spaces, tabs and comments; newlines too where `newlines`.
@@ -83,7 +109,13 @@ impl Parser<'_> {
             self.at += 1;
         }
         if start == self.at {
-            return self.err("expected a rule name");
+            return match self.peek() {
+                Some(c) if !c.is_ascii() => self.err(&format!(
+                    "'{}' where a rule name should be (rule names are ASCII letters, digits, '-' and '_')",
+                    self.char_here()
+                )),
+                _ => self.err("expected a rule name"),
+            };
         }
         Ok(String::from_utf8_lossy(&self.s[start..self.at]).into_owned())
     }
@@ -101,7 +133,13 @@ impl Parser<'_> {
         let name = self.name()?;
         self.skip_space(false);
         if !self.s[self.at..].starts_with(b"::=") {
-            return self.err(&format!("expected '::=' after '{}'", name.escape_debug()));
+            return match self.peek() {
+                Some(c) if !c.is_ascii() => self.err(&format!(
+                    "'{}' in a rule name (rule names are ASCII letters, digits, '-' and '_')",
+                    self.char_here()
+                )),
+                _ => self.err(&format!("expected '::=' after '{}'", name.escape_debug())),
+            };
         }
         self.at += 3;
         self.skip_space(true);
@@ -109,12 +147,12 @@ impl Parser<'_> {
             return self.err(&format!("rule '{}' is defined twice", name.escape_debug()));
         }
         let id = self.rule_id(&name)?;
-        self.defined.push(name);
+        self.defined.insert(name);
         let alts = self.alternatives(false)?;
         self.b.define(id, alts);
         match self.peek() {
             None | Some(b'\n') => Ok(()),
-            Some(c) => self.err(&format!("unexpected '{}'", (c as char).escape_debug())),
+            Some(_) => self.err(&format!("unexpected '{}'", self.char_here())),
         }
     }
 
@@ -157,7 +195,11 @@ impl Parser<'_> {
                     vec![self.b.chars(&[], true)?]
                 }
                 b'(' => {
+                    if self.depth >= MAX_NESTING {
+                        return self.err(&format!("groups nested deeper than {MAX_NESTING} levels"));
+                    }
                     self.at += 1;
+                    self.depth += 1;
                     self.skip_space(true);
                     let alts = self.alternatives(true)?;
                     self.skip_space(true);
@@ -165,6 +207,7 @@ impl Parser<'_> {
                         return self.err("a group is not closed");
                     }
                     self.at += 1;
+                    self.depth -= 1;
                     vec![self.b.alt(alts)?]
                 }
                 c if c.is_ascii_alphanumeric() || c == b'-' || c == b'_' => {
@@ -230,43 +273,49 @@ impl Parser<'_> {
         while self.peek().is_some_and(|c| c.is_ascii_digit()) {
             self.at += 1;
         }
-        match std::str::from_utf8(&self.s[start..self.at]).ok().and_then(|d| d.parse::<usize>().ok()) {
-            Some(n) if n <= MAX_COUNT => Ok(n),
-            Some(_) => self.err(&format!("a repetition count above {MAX_COUNT}")),
-            None => self.err("expected a number"),
+        if start == self.at {
+            return self.err("expected a number");
+        }
+        // the digits are ASCII; a count too large for usize is above the limit too
+        match self.text[start..self.at].parse::<usize>() {
+            Ok(n) if n <= MAX_COUNT => Ok(n),
+            _ => self.err(&format!("a repetition count above {MAX_COUNT}")),
         }
     }
 
     /// One character of a literal or class, escapes decoded.
     fn char(&mut self) -> Result<char, String> {
-        let rest = std::str::from_utf8(&self.s[self.at..]).or_else(|e| {
-            std::str::from_utf8(&self.s[self.at..self.at + e.valid_up_to()]).map_err(|_| "not UTF-8".to_string())
-        })?;
-        let Some(c) = rest.chars().next() else { return self.err("not UTF-8 text") };
+        // one character of the text (`at` is always on a character boundary)
+        let Some(c) = self.text.get(self.at..).and_then(|t| t.chars().next()) else {
+            return self.err("a literal or class ends early");
+        };
         self.at += c.len_utf8();
         if c != '\\' {
             return Ok(c);
         }
-        let Some(e) = self.peek() else { return self.err("an escape at the end") };
-        self.at += 1;
+        let Some(e) = self.text.get(self.at..).and_then(|t| t.chars().next()) else {
+            return self.err("an escape at the end");
+        };
+        self.at += e.len_utf8();
         let hex = |p: &mut Self, n: usize| -> Result<char, String> {
-            let digits = p.s.get(p.at..p.at + n).and_then(|d| std::str::from_utf8(d).ok());
-            let v = digits.and_then(|d| u32::from_str_radix(d, 16).ok());
-            p.at += n;
-            match v.and_then(char::from_u32) {
-                Some(c) => Ok(c),
+            let digits = p.text.get(p.at..p.at + n).filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+            match digits.and_then(|d| u32::from_str_radix(d, 16).ok()).and_then(char::from_u32) {
+                Some(c) => {
+                    p.at += n;
+                    Ok(c)
+                }
                 None => p.err("a bad hexadecimal escape"),
             }
         };
         match e {
-            b'n' => Ok('\n'),
-            b'r' => Ok('\r'),
-            b't' => Ok('\t'),
-            b'x' => hex(self, 2),
-            b'u' => hex(self, 4),
-            b'U' => hex(self, 8),
-            b'\\' | b'"' | b'[' | b']' | b'-' | b'^' => Ok(e as char),
-            _ => self.err(&format!("unknown escape '\\{}'", (e as char).escape_debug())),
+            'n' => Ok('\n'),
+            'r' => Ok('\r'),
+            't' => Ok('\t'),
+            'x' => hex(self, 2),
+            'u' => hex(self, 4),
+            'U' => hex(self, 8),
+            '\\' | '"' | '[' | ']' | '-' | '^' => Ok(e),
+            _ => self.err(&format!("unknown escape '\\{}'", e.escape_debug())),
         }
     }
 

@@ -23,6 +23,8 @@ mod vocab;
 
 pub use vocab::{allowed, Constrained, Constraint, Vocab};
 
+use std::time::Instant;
+
 /// A rule's index in `Grammar::alts`.
 pub type RuleId = u32;
 
@@ -56,19 +58,53 @@ pub const MAX_RULES: usize = 20_000;
 /// (`"a"{1000} "a"{1000} ...`) cannot make the server build gigabytes.
 pub const MAX_SYMS: usize = 2_000_000;
 
+/// Groups (GBNF parentheses, a pattern's groups) nested deeper than this
+/// are refused: the parsers recurse once per level, and a request of a few
+/// kilobytes must not exhaust a connection thread's stack.
+pub const MAX_NESTING: usize = 100;
+
+/// The end of an error message when the request's deadline passed while its
+/// grammar was being compiled (the server answers 503 instead of 400).
+pub const DEADLINE_PASSED: &str = "the request's deadline passed while its grammar was being compiled";
+
+/// Err with `DEADLINE_PASSED` once `deadline` has passed.
+fn check_deadline(deadline: Option<Instant>) -> Result<(), String> {
+    match deadline {
+        Some(d) if Instant::now() >= d => Err(DEADLINE_PASSED.to_string()),
+        _ => Ok(()),
+    }
+}
+
 /// Builds a grammar rule by rule; rules may refer to rules defined later.
 #[derive(Default)]
 pub struct Builder {
     rules: Vec<Option<Vec<Vec<Sym>>>>,
     /// Symbols made so far (rules defined, repetitions expanded).
     syms: usize,
+    /// When compiling must stop (a request's deadline), if ever.
+    deadline: Option<Instant>,
 }
 
 impl Builder {
+    /// A builder that stops with `DEADLINE_PASSED` once `deadline` has passed
+    /// (the clock is read every few hundred rules, and between the phases of
+    /// `finish`).
+    pub fn until(deadline: Option<Instant>) -> Builder {
+        Builder { deadline, ..Builder::default() }
+    }
+
+    /// Err once the deadline has passed.
+    pub fn check_deadline(&self) -> Result<(), String> {
+        check_deadline(self.deadline)
+    }
+
     /// A new rule, to be defined later (for recursion).
     pub fn declare(&mut self) -> Result<RuleId, String> {
         if self.rules.len() >= MAX_RULES {
             return Err(format!("the grammar needs more than {MAX_RULES} rules"));
+        }
+        if self.rules.len() % 256 == 255 {
+            self.check_deadline()?;
         }
         self.rules.push(None);
         Ok((self.rules.len() - 1) as RuleId)
@@ -177,6 +213,8 @@ impl Builder {
     /// matcher expands rules eagerly, so left recursion would not end).
     pub fn finish(self, root: RuleId) -> Result<Grammar, String> {
         self.too_big()?;
+        self.check_deadline()?;
+        let deadline = self.deadline;
         let mut syms = Vec::new();
         let mut alts = Vec::with_capacity(self.rules.len());
         for (id, rule) in self.rules.into_iter().enumerate() {
@@ -193,7 +231,13 @@ impl Builder {
             return Err("the grammar is too large".into());
         }
         let grammar = Grammar { syms, alts, root };
-        grammar.check_left_recursion()?;
+        let nullable = grammar.fixpoint(Fixpoint::Nullable);
+        if !grammar.fixpoint(Fixpoint::Productive)[root as usize] {
+            return Err(NO_MATCH.into());
+        }
+        check_deadline(deadline)?;
+        grammar.check_left_recursion(&nullable)?;
+        check_deadline(deadline)?;
         // a grammar whose very first parse is cut for its size cannot be used
         let grammar = std::sync::Arc::new(grammar);
         let mut m = matcher::Matcher::new(std::sync::Arc::clone(&grammar));
@@ -206,35 +250,76 @@ impl Builder {
     }
 }
 
+/// The message of a grammar that no text matches.
+pub const NO_MATCH: &str =
+    "no text matches the grammar (every way through it needs a rule that never ends, or a character class without a character)";
+
+/// What `Grammar::fixpoint` computes per rule.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fixpoint {
+    /// The rule can match no bytes at all (the empty text).
+    Nullable,
+    /// The rule can match some text (it can end).
+    Productive,
+}
+
 impl Grammar {
-    /// The rules that can match no bytes.
-    fn nullable(&self) -> Vec<bool> {
-        let mut nullable = vec![false; self.alts.len()];
-        loop {
-            let mut changed = false;
-            for (r, starts) in self.alts.iter().enumerate() {
-                if nullable[r] {
-                    continue;
+    /// Per rule, whether it is nullable (or productive): a rule is when one
+    /// of its alternatives has only such rules (and, for productive, byte
+    /// ranges) in it. Linear in the grammar's size: each alternative counts
+    /// the rule symbols not yet known to be so, and a rule found to be so
+    /// lowers the counts of the alternatives it occurs in.
+    fn fixpoint(&self, kind: Fixpoint) -> Vec<bool> {
+        let n_rules = self.alts.len();
+        // per alternative: its rule, and how many of its rule symbols are not yet known
+        let mut owner: Vec<u32> = Vec::new();
+        let mut waiting: Vec<u32> = Vec::new();
+        // per rule: the alternatives each of its occurrences is in
+        let mut occurs_in: Vec<Vec<u32>> = vec![Vec::new(); n_rules];
+        let mut done = vec![false; n_rules];
+        let mut queue: Vec<u32> = Vec::new();
+        for (r, starts) in self.alts.iter().enumerate() {
+            for &s in starts {
+                let alt = owner.len() as u32;
+                let mut count = 0u32;
+                let mut has_bytes = false;
+                for x in self.syms[s as usize..].iter().take_while(|&&x| x != Sym::End) {
+                    match *x {
+                        Sym::Rule(q) => {
+                            count += 1;
+                            occurs_in[q as usize].push(alt);
+                        }
+                        _ => has_bytes = true,
+                    }
                 }
-                let empty_alt = starts.iter().any(|&s| {
-                    self.syms[s as usize..].iter().take_while(|&&x| x != Sym::End).all(|x| match x {
-                        Sym::Rule(q) => nullable[*q as usize],
-                        _ => false,
-                    })
-                });
-                if empty_alt {
-                    nullable[r] = true;
-                    changed = true;
+                // a byte range can never match the empty text
+                let possible = kind == Fixpoint::Productive || !has_bytes;
+                owner.push(r as u32);
+                waiting.push(if possible { count } else { u32::MAX });
+                if possible && count == 0 && !done[r] {
+                    done[r] = true;
+                    queue.push(r as u32);
                 }
-            }
-            if !changed {
-                return nullable;
             }
         }
+        while let Some(q) = queue.pop() {
+            for &alt in &occurs_in[q as usize] {
+                let w = &mut waiting[alt as usize];
+                if *w == u32::MAX {
+                    continue;
+                }
+                *w -= 1;
+                let r = owner[alt as usize] as usize;
+                if *w == 0 && !done[r] {
+                    done[r] = true;
+                    queue.push(r as u32);
+                }
+            }
+        }
+        done
     }
 
-    fn check_left_recursion(&self) -> Result<(), String> {
-        let nullable = self.nullable();
+    fn check_left_recursion(&self, nullable: &[bool]) -> Result<(), String> {
         // rules each rule can expand to before reading a byte
         let first: Vec<Vec<RuleId>> = self
             .alts

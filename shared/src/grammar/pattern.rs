@@ -12,7 +12,7 @@
 //! only, and `\D \W \S` ASCII characters only: subsets of what a
 //! Unicode-aware validator accepts).
 
-use super::{char_set, Builder, Sym};
+use super::{char_set, Builder, Sym, MAX_NESTING};
 
 /// Counted repetitions above this are refused (they expand into rules).
 const MAX_COUNT: usize = 1000;
@@ -41,7 +41,7 @@ pub fn compile(b: &mut Builder, pattern: &str) -> Result<Vec<Sym>, String> {
     if anchored_end {
         chars.pop();
     }
-    let mut p = Parser { chars, at: 0 };
+    let mut p = Parser { chars, at: 0, depth: 0 };
     let node = p.alternation()?;
     if p.at < p.chars.len() {
         return Err(format!("unexpected '{}' at character {}", p.chars[p.at].escape_debug(), p.at + 1));
@@ -61,6 +61,8 @@ pub fn compile(b: &mut Builder, pattern: &str) -> Result<Vec<Sym>, String> {
 struct Parser {
     chars: Vec<char>,
     at: usize,
+    /// Groups open around the current position (`emit` recurses as deep).
+    depth: usize,
 }
 
 impl Parser {
@@ -141,11 +143,14 @@ impl Parser {
         while self.peek().is_some_and(|c| c.is_ascii_digit()) {
             self.at += 1;
         }
+        if start == self.at {
+            return Err(format!("a counted repetition without a number at character {}", start + 1));
+        }
         let digits: String = self.chars[start..self.at].iter().collect();
+        // a count too large for usize is above the limit too
         match digits.parse::<usize>() {
             Ok(n) if n <= MAX_COUNT => Ok(n),
-            Ok(_) => Err(format!("a repetition count above {MAX_COUNT}")),
-            Err(_) => Err(format!("a counted repetition without a number at character {}", start + 1)),
+            _ => Err(format!("a repetition count above {MAX_COUNT}")),
         }
     }
 
@@ -153,13 +158,18 @@ impl Parser {
         let at = self.at + 1;
         match self.next()? {
             '(' => {
+                if self.depth >= MAX_NESTING {
+                    return Err(format!("groups nested deeper than {MAX_NESTING} levels at character {at}"));
+                }
                 if self.peek() == Some('?') {
                     self.at += 1;
                     if self.next()? != ':' {
                         return Err(format!("unsupported group '(?' at character {at} (only '(?:' is)"));
                     }
                 }
+                self.depth += 1;
                 let inner = self.alternation()?;
+                self.depth -= 1;
                 if self.next()? != ')' {
                     return Err(format!("the group at character {at} is not closed"));
                 }

@@ -19,11 +19,12 @@
 //! and 3 in the exponent, so that a model cannot run on forever inside one.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 
 use super::pattern;
-use super::{Builder, Grammar, RuleId, Sym};
+use super::{Builder, Grammar, RuleId, Sym, NO_MATCH};
 
 /// Keywords that say nothing about which values are valid.
 const ANNOTATIONS: &[&str] = &[
@@ -47,9 +48,17 @@ const MAX_DEPTH: usize = 64;
 
 /// The grammar of a JSON value valid against `schema`.
 pub fn compile(schema: &Value) -> Result<Grammar, String> {
-    let mut b = Builder::default();
+    compile_until(schema, None)
+}
+
+/// `compile`, stopping with `grammar::DEADLINE_PASSED` once `deadline` has passed.
+pub fn compile_until(schema: &Value, deadline: Option<Instant>) -> Result<Grammar, String> {
+    let mut b = Builder::until(deadline);
     let root = rule(&mut b, schema)?;
-    b.finish(root)
+    b.finish(root).map_err(|e| match e.as_str() {
+        NO_MATCH => "no JSON value can match the schema (a required property or item recurses without end)".into(),
+        _ => e,
+    })
 }
 
 /// The grammar of any JSON object (`response_format: json_object`).
@@ -351,11 +360,29 @@ impl<'s, 'b> Compiler<'s, 'b> {
 
     /// Alternatives matching exactly `words`, as a tree of their shared
     /// prefixes: a state then holds one parse per distinct next byte, not
-    /// one per word.
+    /// one per word. Built with a work list, not recursion: values such as
+    /// "a", "aa", "aaa", … branch at every byte.
     fn literals(&mut self, words: &[&[u8]]) -> Result<Vec<Vec<Sym>>, String> {
         let mut words: Vec<&[u8]> = words.to_vec();
         words.sort_unstable();
         words.dedup();
+        let mut pending: Vec<(RuleId, Vec<&[u8]>)> = Vec::new();
+        let top = self.branches(&words, &mut pending)?;
+        while let Some((id, rest)) = pending.pop() {
+            let alts = self.branches(&rest, &mut pending)?;
+            self.b.define(id, alts);
+        }
+        Ok(top)
+    }
+
+    /// One level of `literals`' tree for sorted, distinct `words`: per first
+    /// byte, the prefix its words share, then a rule (in `pending`, to be
+    /// defined from the words' rests) for what follows.
+    fn branches<'w>(
+        &mut self,
+        words: &[&'w [u8]],
+        pending: &mut Vec<(RuleId, Vec<&'w [u8]>)>,
+    ) -> Result<Vec<Vec<Sym>>, String> {
         let mut alts = Vec::new();
         let mut i = 0;
         while i < words.len() {
@@ -366,16 +393,14 @@ impl<'s, 'b> Compiler<'s, 'b> {
             };
             let j = i + words[i..].iter().take_while(|w| w.first() == Some(&b)).count();
             let group = &words[i..j];
-            // the longest prefix the group shares, then the tree of what follows it
-            let shared = (1..=group[0].len())
-                .take_while(|&n| group.iter().all(|w| w.len() >= n && w[..n] == group[0][..n]))
-                .last()
-                .unwrap_or(1);
-            let mut alt: Vec<Sym> = group[0][..shared].iter().map(|&x| Sym::Bytes(x, x)).collect();
+            // the longest prefix the group shares: sorted, it is the first's and the last's
+            let (first, last) = (group[0], group[group.len() - 1]);
+            let shared = first.iter().zip(last).take_while(|(x, y)| x == y).count();
+            let mut alt: Vec<Sym> = first[..shared].iter().map(|&x| Sym::Bytes(x, x)).collect();
             if group.len() > 1 {
-                let rest: Vec<&[u8]> = group.iter().map(|w| &w[shared..]).collect();
-                let sub = self.literals(&rest)?;
-                alt.push(self.b.alt(sub)?);
+                let id = self.b.declare()?;
+                pending.push((id, group.iter().map(|w| &w[shared..]).collect()));
+                alt.push(Sym::Rule(id));
             }
             alts.push(alt);
             i = j;

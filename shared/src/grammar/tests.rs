@@ -263,3 +263,107 @@ fn review_findings_stay_fixed() {
     let end = m.advance_bytes(&start, br#"{"c":"value-04999"}"#);
     assert!(end.accepting && !m.overflowed());
 }
+
+/// Runs `f` on a thread with a small stack (a quarter of a server
+/// connection thread's 2 MiB): a parser that recursed once per nesting level
+/// of its input would overflow it, which aborts the whole process.
+fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new().stack_size(512 << 10).spawn(f).unwrap().join().unwrap()
+}
+
+#[test]
+fn deep_nesting_is_refused_not_a_stack_overflow() {
+    // issue 32: a 6 KB schema whose pattern nests 3,000 groups, a 20 KB
+    // grammar of 10,000 nested parentheses
+    let e = on_small_stack(|| {
+        let pattern = format!("^{}a{}$", "(".repeat(3000), ")".repeat(3000));
+        schema::compile(&json!({"type": "string", "pattern": pattern})).unwrap_err()
+    });
+    assert!(e.contains("nested deeper than 100"), "{e}");
+    let e = on_small_stack(|| {
+        gbnf::compile(&format!("root ::= {}\"a\"{}", "(".repeat(10_000), ")".repeat(10_000))).unwrap_err()
+    });
+    assert!(e.contains("nested deeper than 100") && e.contains("line 1"), "{e}");
+    // the deepest nesting allowed still compiles and matches, on the same stack
+    let ok = on_small_stack(|| {
+        let g = Arc::new(gbnf::compile(&format!("root ::= {}\"a\"{}", "(".repeat(100), ")".repeat(100))).unwrap());
+        let p = schema(json!({"type": "string", "pattern": format!("^{}a{}$", "(".repeat(100), ")".repeat(100))}));
+        matches(&g, b"a") && matches(&p, br#""a""#)
+    });
+    assert!(ok);
+    // an enum of values that branch at every byte ("a", "aa", "aaa", …) stays shallow
+    let words: Vec<String> = (1..=3000).map(|n| "a".repeat(n)).collect();
+    let g = on_small_stack(move || schema::compile(&json!({"enum": words})).map(Arc::new).unwrap());
+    let text = format!("\"{}\"", "a".repeat(2999));
+    assert!(matches(&g, text.as_bytes()) && !matches(&g, b"\"\"") && !matches(&g, b"\"b\""));
+}
+
+#[test]
+fn compiling_is_linear_in_the_text() {
+    // issue 32: one 1 MB literal of CJK characters took 125 s (each character
+    // re-validated the rest of the text), a long chain of nullable rules 5 s
+    // (a fixpoint pass per rule); a deadline 5 s away, hundreds of times what
+    // a linear compile takes, must not pass
+    let within = || Some(std::time::Instant::now() + std::time::Duration::from_secs(5));
+    let literal = format!("root ::= \"{}\"", "語".repeat(330_000));
+    assert!(gbnf::compile_until(&literal, within()).is_ok());
+    // (each rule nullable only through the next one, declared after it; its
+    // start expands more rules than the matcher keeps, so it is refused)
+    let mut chain = String::from("root ::= r0 \"x\"\n");
+    for i in 0..19_990 {
+        chain += &format!("r{i} ::= r{}\n", i + 1);
+    }
+    chain += "r19990 ::= \"\"\n";
+    let e = gbnf::compile_until(&chain, within()).unwrap_err();
+    assert!(e.contains("too ambiguous"), "{e}");
+    // an enum whose one value is 1 MB (the shared prefix is found in one pass)
+    let long = "b".repeat(1 << 20);
+    let s = json!({"type": "string", "enum": [long.clone(), format!("{long}c")]});
+    assert!(schema::compile_until(&s, within()).is_ok());
+    // a deadline that has passed stops the compile
+    let passed = Some(std::time::Instant::now());
+    for e in [gbnf::compile_until(&chain, passed).unwrap_err(), schema::compile_until(&s, passed).unwrap_err()] {
+        assert!(e.ends_with(DEADLINE_PASSED), "{e}");
+    }
+}
+
+#[test]
+fn small_findings_of_issue_32() {
+    // a count too large for any integer is above the limit, not "expected a number"
+    let e = gbnf::compile("root ::= \"a\"{99999999999999999999999999}").unwrap_err();
+    assert!(e.contains("above 1000"), "{e}");
+    let e = schema::compile(&json!({"type": "string", "pattern": "a{99999999999999999999999}"})).unwrap_err();
+    assert!(e.contains("above 1000"), "{e}");
+    // non-ASCII rule names are named as the characters they are
+    for text in ["rulé ::= \"a\"\nroot ::= rulé", "root ::= \"a\" é", "é ::= \"a\"", "root ::= \"\\é\""] {
+        let e = gbnf::compile(text).unwrap_err();
+        assert!(e.contains('é') && !e.contains('Ã'), "{text:?}: {e}");
+    }
+    // a grammar or schema that matches nothing is refused
+    for text in ["root ::= [^\\x00-\\U0010FFFF]", "root ::= \"a\" root", "root ::= x\nx ::= \"(\" x \")\""] {
+        let e = gbnf::compile(text).unwrap_err();
+        assert!(e.contains("no text matches"), "{text:?}: {e}");
+    }
+    let endless = json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
+    assert!(schema::compile(&endless).unwrap_err().contains("no JSON value can match"));
+    // a recursive schema that can end is fine
+    let tree = json!({"type": "object", "properties": {"a": {"$ref": "#"}}});
+    assert!(matches(&schema(tree), br#"{"a":{"a":{}}}"#));
+}
+
+#[test]
+fn numbers_keep_their_literal_text() {
+    // issue 32: integers beyond 64 bits in `const`/`enum` were rounded through f64
+    let big = "123456789012345678901234567890";
+    let v: Value = serde_json::from_str(&format!(r#"{{"const": {big}}}"#)).unwrap();
+    let g = schema(v);
+    assert!(matches(&g, big.as_bytes()) && !matches(&g, b"1.2345678901234568e+29"));
+    let v: Value =
+        serde_json::from_str(r#"{"type": "integer", "enum": [18446744073709551616, -9223372036854775809, 1.0]}"#)
+            .unwrap();
+    let g = schema(v);
+    for good in ["18446744073709551616", "-9223372036854775809", "1.0"] {
+        assert!(matches(&g, good.as_bytes()), "{good}");
+    }
+    assert!(!matches(&g, b"18446744073709552000"));
+}

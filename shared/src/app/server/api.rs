@@ -3,6 +3,7 @@
 //! field), and the JSON of answers, stream chunks, usage and logprobs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
@@ -84,6 +85,10 @@ pub struct GenRequest {
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
+    /// Completions: special tokens written in the prompt (`<|im_start|>`) are
+    /// the control tokens they name (llama.cpp's `parse_special`); by default
+    /// they are plain text.
+    pub parse_special: bool,
 }
 
 /// OpenAI's `tool_choice`.
@@ -267,11 +272,46 @@ const CHAT_FIELDS: [&str; 8] = [
     "tool_choice",
     "parallel_tool_calls",
 ];
-const COMPLETION_FIELDS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
+const COMPLETION_FIELDS: [&str; 6] = ["prompt", "logprobs", "echo", "suffix", "best_of", "parse_special"];
+
+/// What a request gets from the server where it says nothing, and when it arrived.
+pub struct ServerDefaults {
+    /// The seed of a request without one.
+    pub seed: u64,
+    /// `--request-timeout` (None: no limit); a request may ask for less.
+    pub timeout: Option<f64>,
+    /// When the request arrived: its deadline counts from here, and covers
+    /// compiling its grammars too.
+    pub received: Instant,
+}
+
+impl ServerDefaults {
+    /// The deadline of a request that asks for `timeout` seconds (None: the server's).
+    fn deadline(&self, timeout: Option<f64>) -> Option<Instant> {
+        self.effective_timeout(timeout).map(|s| self.received + Duration::from_secs_f64(s))
+    }
+
+    /// The request's own timeout within the server's.
+    fn effective_timeout(&self, timeout: Option<f64>) -> Option<f64> {
+        match (timeout, self.timeout) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The answer to a grammar (schema, GBNF, tool) that did not compile for
+/// `param`: 400 naming the problem, or 503 when the request's deadline
+/// passed while compiling it.
+pub(crate) fn grammar_error(param: &str, e: String) -> ApiError {
+    if e.ends_with(grammar::DEADLINE_PASSED) {
+        return ApiError::new(503, "timeout", grammar::DEADLINE_PASSED);
+    }
+    ApiError::field("invalid_value", param, e)
+}
 
 /// Validates a /v1/chat/completions (`chat`) or /v1/completions body.
-/// `seed` is used when the request gives none.
-pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<GenRequest, ApiError> {
+pub fn parse_request(obj: &Map<String, Value>, chat: bool, server: &ServerDefaults) -> Result<GenRequest, ApiError> {
     let own: &[&str] = if chat { &CHAT_FIELDS } else { &COMPLETION_FIELDS };
     refuse_unknown(obj, &[&COMMON_FIELDS, own])?;
     let f = Fields(obj);
@@ -299,7 +339,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
     let min_p = f.number(&MIN_P)?.unwrap_or(DEFAULT_MIN_P);
     let repeat_penalty = f.number(&REPEAT_PENALTY)?.unwrap_or(1.0);
     let seed = match f.get("seed") {
-        None => seed,
+        None => server.seed,
         Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
             (Some(i), _) => i as u64,
             (None, Some(u)) => u,
@@ -311,10 +351,6 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         Some(v) => return Err(wrong_type("seed", "an integer", v)),
     };
     let stop = parse_stop(f.get("stop"))?;
-    let grammar = parse_output_grammar(&f)?;
-    let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
-    let draft_max = f.int("speculative.n_max", 0, 32)?.map(|n| n as usize);
-    let draft_min = f.int("speculative.n_min", 0, 32)?.map(|n| n as usize);
     let timeout = match f.get("timeout") {
         None => None,
         Some(Value::Number(n)) => match n.as_f64() {
@@ -323,6 +359,12 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         },
         Some(v) => return Err(wrong_type("timeout", "a number", v)),
     };
+    let deadline = server.deadline(timeout);
+    let timeout = server.effective_timeout(timeout);
+    let grammar = parse_output_grammar(&f, deadline)?;
+    let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
+    let draft_max = f.int("speculative.n_max", 0, 32)?.map(|n| n as usize);
+    let draft_min = f.int("speculative.n_min", 0, 32)?.map(|n| n as usize);
     let stream = f.boolean("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -353,6 +395,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         Some(v) => return Err(wrong_type("stream_options", "an object", v)),
     };
 
+    let parse_special = !chat && f.boolean("parse_special")?.unwrap_or(false);
     let (prompt, logprobs) = if chat {
         let mtc = f.int("max_completion_tokens", 1, i64::MAX)?;
         if mtc.is_some() {
@@ -409,7 +452,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         grammar,
     };
     let (tools, tool_choice, parallel_tool_calls) = match chat {
-        true => parse_tools(&f)?,
+        true => parse_tools(&f, deadline)?,
         false => (Vec::new(), ToolChoice::None, false),
     };
     if params.grammar.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
@@ -429,12 +472,22 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, seed: u64) -> Result<
         tools,
         tool_choice,
         parallel_tool_calls,
+        parse_special,
     })
+}
+
+/// What a function's name must be (OpenAI's `^[a-zA-Z0-9_-]{1,64}$`): it is
+/// written into the prompt, where anything else could pass for the template's
+/// own text.
+const TOOL_NAME: &str = "1 to 64 ASCII letters, digits, '_' and '-'";
+
+fn is_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls`. Each tool's schema is
 /// compiled here so that one the server cannot follow is refused now.
-fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
+fn parse_tools(f: &Fields, deadline: Option<Instant>) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
     let mut tools = Vec::new();
     match f.get("tools") {
         None => {}
@@ -459,12 +512,12 @@ fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
                     None => return Err(ApiError::field("missing_parameter", &fp, format!("'{fp}' is required"))),
                 };
                 let name = match func.get("name") {
-                    Some(Value::String(n)) if !n.is_empty() && n.len() <= 64 => n.clone(),
+                    Some(Value::String(n)) if is_tool_name(n) => n.clone(),
                     _ => {
                         return Err(ApiError::field(
                             "invalid_value",
                             &format!("{fp}.name"),
-                            format!("'{fp}.name' must be a name of 1 to 64 characters"),
+                            format!("'{fp}.name' must be {TOOL_NAME}"),
                         ))
                     }
                 };
@@ -533,8 +586,7 @@ fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
         };
         if let (true, Some(params)) = (forced, t.parameters()) {
             let pp = format!("tools[{i}].function.parameters");
-            grammar::schema::compile(params)
-                .map_err(|e| ApiError::field("invalid_value", &pp, format!("'{pp}': {e}")))?;
+            grammar::schema::compile_until(params, deadline).map_err(|e| grammar_error(&pp, format!("'{pp}': {e}")))?;
         }
     }
     let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
@@ -544,7 +596,7 @@ fn parse_tools(f: &Fields) -> Result<(Vec<Tool>, ToolChoice, bool), ApiError> {
 /// The grammar the output must match: OpenAI's `response_format`
 /// (`json_object`, `json_schema`), or llama.cpp's `json_schema` (a schema)
 /// and `grammar` (GBNF text) fields; at most one of them.
-fn parse_output_grammar(f: &Fields) -> Result<Option<Arc<Grammar>>, ApiError> {
+fn parse_output_grammar(f: &Fields, deadline: Option<Instant>) -> Result<Option<Arc<Grammar>>, ApiError> {
     let given: Vec<&str> =
         ["response_format", "json_schema", "grammar"].into_iter().filter(|k| f.get(k).is_some()).collect();
     if given.len() > 1 {
@@ -556,14 +608,18 @@ fn parse_output_grammar(f: &Fields) -> Result<Option<Arc<Grammar>>, ApiError> {
     }
     let bad = |param: &str, e: String| ApiError::field("invalid_value", param, e);
     let schema = |param: &str, v: &Value| -> Result<Option<Arc<Grammar>>, ApiError> {
-        grammar::schema::compile(v).map(|g| Some(Arc::new(g))).map_err(|e| bad(param, format!("'{param}': {e}")))
+        grammar::schema::compile_until(v, deadline)
+            .map(|g| Some(Arc::new(g)))
+            .map_err(|e| grammar_error(param, format!("'{param}': {e}")))
     };
     if let Some(v) = f.get("json_schema") {
         return schema("json_schema", v);
     }
     if let Some(v) = f.get("grammar") {
         let text = v.as_str().ok_or_else(|| wrong_type("grammar", "a string", v))?;
-        return grammar::gbnf::compile(text).map(|g| Some(Arc::new(g))).map_err(|e| bad("grammar", e));
+        return grammar::gbnf::compile_until(text, deadline)
+            .map(|g| Some(Arc::new(g)))
+            .map_err(|e| grammar_error("grammar", e));
     }
     let Some(v) = f.get("response_format") else { return Ok(None) };
     let m = v.as_object().ok_or_else(|| wrong_type("response_format", "an object", v))?;
@@ -687,11 +743,12 @@ fn parse_tool_calls(v: &Value, p: &str) -> Result<Vec<ToolCall>, ApiError> {
             Some(v @ Value::Object(_)) => v.to_string(),
             other => string("function.arguments", other)?,
         };
-        out.push(ToolCall {
-            id: string("id", c.get("id")).unwrap_or_default(),
-            name: string("function.name", func.and_then(|f| f.get("name")))?,
-            arguments,
-        });
+        let name = string("function.name", func.and_then(|f| f.get("name")))?;
+        if !is_tool_name(&name) {
+            let np = format!("{cp}.function.name");
+            return Err(ApiError::field("invalid_value", &np, format!("'{np}' must be {TOOL_NAME}")));
+        }
+        out.push(ToolCall { id: string("id", c.get("id")).unwrap_or_default(), name, arguments });
     }
     Ok(out)
 }
@@ -794,6 +851,18 @@ fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
                 Some(v) => return Err(wrong_type(&ip, "a string", v)),
                 None => return Err(ApiError::field("missing_parameter", &ip, format!("'{ip}' is required"))),
             };
+            // a result answers a call made earlier in the conversation (as OpenAI requires)
+            let answers_a_call = out.iter().flat_map(|m: &Message| &m.tool_calls).any(|c| c.id == message.tool_call_id);
+            if !answers_a_call {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    &ip,
+                    format!(
+                        "'{ip}' is '{}', the id of no tool call of an earlier assistant message",
+                        message.tool_call_id.escape_debug()
+                    ),
+                ));
+            }
         }
         out.push(message);
     }
@@ -990,7 +1059,8 @@ mod tests {
     use super::*;
 
     fn parse(body: &str, chat: bool) -> Result<GenRequest, ApiError> {
-        parse_request(&parse_object(body.as_bytes())?, chat, 7)
+        let server = ServerDefaults { seed: 7, timeout: None, received: Instant::now() };
+        parse_request(&parse_object(body.as_bytes())?, chat, &server)
     }
 
     #[test]
@@ -1042,7 +1112,8 @@ mod tests {
         assert_eq!(code(r#"{"prompt":"x","temperature":-1}"#, false), "invalid_value");
         assert_eq!(code(r#"{"prompt":"x","min_p":5}"#, false), "invalid_value");
         assert_eq!(code(r#"{"prompt":"x","repeat_penalty":0}"#, false), "invalid_value");
-        assert_eq!(code(r#"{"prompt":"x","temperature":1e999}"#, false), "invalid_json");
+        // numbers keep their literal text: one beyond f64 is out of range, not a JSON error
+        assert_eq!(code(r#"{"prompt":"x","temperature":1e999}"#, false), "invalid_value");
         assert_eq!(parse(r#"{"prompt":"x","repeat_penalty":1.3}"#, false).unwrap().params.repeat_penalty, 1.3);
         // llama.cpp's draft sizes, flat dotted names
         let r = parse(r#"{"prompt":"x","speculative.n_max":0,"speculative.n_min":2}"#, false).unwrap();

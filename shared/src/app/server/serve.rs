@@ -36,7 +36,7 @@ fn unique() -> u64 {
 
 pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
     let received = Instant::now();
-    match prepare(srv, req, chat) {
+    match prepare(srv, req, chat, received) {
         Ok((greq, ids, calls)) => run(srv, stream, req, greq, ids, calls, received),
         Err(e) => srv.send_error(stream, &e),
     }
@@ -45,9 +45,16 @@ pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat
 /// Validates the body and turns it into prompt ids with the output limit
 /// set; with tools, also the syntax the model writes calls in (its answer
 /// is read back as calls where it holds them).
-fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u32>, Option<CallSyntax>), ApiError> {
+fn prepare(
+    srv: &Server,
+    req: &Request,
+    chat: bool,
+    received: Instant,
+) -> Result<(GenRequest, Vec<u32>, Option<CallSyntax>), ApiError> {
     let obj = api::parse_object(&req.body)?;
-    let mut greq = api::parse_request(&obj, chat, unique())?;
+    let server = api::ServerDefaults { seed: unique(), timeout: srv.request_timeout, received };
+    let mut greq = api::parse_request(&obj, chat, &server)?;
+    let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
     let mut calls = None;
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
@@ -66,18 +73,21 @@ fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u
             };
             if !forced.is_empty() {
                 // the answer is the call: written under its grammar, after the syntax's opening
-                text.push_str(syntax.forced_prefix());
+                text.push_template(syntax.forced_prefix());
                 // a named function is called once (OpenAI's meaning)
                 let parallel = greq.parallel_tool_calls && greq.tool_choice == ToolChoice::Required;
-                let g = syntax.grammar(&forced, parallel).map_err(|e| ApiError::field("invalid_value", "tools", e))?;
+                let g = syntax.grammar(&forced, parallel, deadline).map_err(|e| api::grammar_error("tools", e))?;
                 greq.params.grammar = Some(Arc::new(g));
             }
             if !shown.is_empty() {
                 calls = Some(syntax);
             }
-            srv.tokenizer.encode(&text, true)
+            // only the template's text may hold control tokens: the messages' are plain text
+            text.encode(&srv.tokenizer, true)
         }
-        Prompt::Text(t) => srv.tokenizer.encode(t, true),
+        // a raw prompt's special tokens are text unless the request says otherwise
+        Prompt::Text(t) if greq.parse_special => srv.tokenizer.encode(t, true),
+        Prompt::Text(t) => srv.tokenizer.encode_plain(t, true),
         Prompt::Ids(ids) => {
             if let Some(bad) = ids.iter().find(|&&i| i as usize >= srv.vocab_size) {
                 return Err(ApiError::field(
@@ -104,11 +114,6 @@ fn prepare(srv: &Server, req: &Request, chat: bool) -> Result<(GenRequest, Vec<u
     }
     // g tokens need the prompt and g - 1 of them in the cache.
     greq.params.max_tokens = greq.token_limit(srv.ctx - ids.len() + 1);
-    // The request's own deadline, within the server's.
-    greq.params.timeout = match (greq.params.timeout, srv.request_timeout) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
     Ok((greq, ids, calls))
 }
 

@@ -18,8 +18,9 @@ const DETOKENIZE_FIELDS: [&str; 1] = ["tokens"];
 /// A piece is a string when its bytes are UTF-8, else the array of its byte
 /// values (part of a character), as llama.cpp answers; the pieces
 /// concatenated are what `/detokenize` makes of the ids. `add_special` adds
-/// what the tokenizer adds around a prompt (BOS, EOS). Special tokens in the
-/// text are always matched (`parse_special` may only be true).
+/// what the tokenizer adds around a prompt (BOS, EOS). `parse_special`
+/// (default true, as llama.cpp's): special tokens written in the text are the
+/// control tokens they name; false: they are plain text, as a chat message's are.
 pub(crate) fn tokenize(tokenizer: &Tokenizer, body: &[u8]) -> Result<Value, ApiError> {
     let obj = api::parse_object(body)?;
     refuse_unknown(&obj, &[&TOKENIZE_FIELDS])?;
@@ -31,14 +32,10 @@ pub(crate) fn tokenize(tokenizer: &Tokenizer, body: &[u8]) -> Result<Value, ApiE
     };
     let add_special = f.boolean("add_special")?.unwrap_or(false);
     let with_pieces = f.boolean("with_pieces")?.unwrap_or(false);
-    if f.boolean("parse_special")? == Some(false) {
-        return Err(ApiError::field(
-            "unsupported_value",
-            "parse_special",
-            "'parse_special': false is not supported by this server (special tokens in the text are always matched)",
-        ));
-    }
-    let ids = tokenizer.encode(content, add_special);
+    let ids = match f.boolean("parse_special")?.unwrap_or(true) {
+        true => tokenizer.encode(content, add_special),
+        false => tokenizer.encode_plain(content, add_special),
+    };
     if !with_pieces {
         return Ok(json!({ "tokens": ids }));
     }
@@ -186,10 +183,7 @@ mod tests {
         assert_eq!(err(tokenize, r#"{"content": 5}"#), ("invalid_type", "content".into()));
         assert_eq!(err(tokenize, r#"{"content": "a", "add_special": 1}"#), ("invalid_type", "add_special".into()));
         assert_eq!(err(tokenize, r#"{"content": "a", "with_pieces": "y"}"#), ("invalid_type", "with_pieces".into()));
-        assert_eq!(
-            err(tokenize, r#"{"content": "a", "parse_special": false}"#),
-            ("unsupported_value", "parse_special".into())
-        );
+        assert_eq!(err(tokenize, r#"{"content": "a", "parse_special": 0}"#), ("invalid_type", "parse_special".into()));
         assert_eq!(err(tokenize, r#"{"content": "a", "zz": 1, "b": 2}"#), ("unsupported_parameter", "b".into()));
         assert_eq!(err(detokenize, "{}"), ("missing_parameter", "tokens".into()));
         assert_eq!(err(detokenize, r#"{"tokens": 5}"#), ("invalid_type", "tokens".into()));
