@@ -1,14 +1,18 @@
 """The interactive chat (`ml_run MODEL` on a terminal), driven through a pseudo-terminal: the
-conversation stays in the KV cache, Ctrl-C stops an answer, /clear, /exit and Ctrl-D."""
+conversation stays in the KV cache, Ctrl-C stops an answer, /clear, /exit and Ctrl-D, and a long
+line or a pasted block arrives whole as one turn."""
 import os
+import random
 import re
 
 import pexpect
 import pytest
 
-from conftest import ml_bin
+from conftest import FIXTURES, ml_bin
 
 STATUS = re.compile(r"\[prompt (\d+) tokens \((\d+) cached\), [\d.]+ tokens/s; answer (\d+) tokens")
+# the bracketed paste markers a terminal puts around pasted text (when the reader asked for them)
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
 
 @pytest.fixture
@@ -56,7 +60,7 @@ def test_second_turn_reuses_the_first_from_the_cache(chat):
 
 def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(chat):
     chat.sendline("Write a very long story about a dragon, at least 500 words.")
-    chat.expect("500 words.\r\n")  # the terminal's echo of the line
+    chat.expect(r"500 words\.(\x1b\[[?\d;]*[a-zA-Z])*\r\n")  # the echo of the line (and control sequences)
     chat.expect(r"\w+ \w+ \w+ \w+ \w+")  # the answer is streaming
     chat.sendintr()
     chat.expect(STATUS)
@@ -81,10 +85,116 @@ def test_ctrl_c_at_the_prompt_leaves_with_130(chat):
 
 
 def test_bytes_that_are_not_utf8_do_not_end_the_chat(chat):
-    os.write(chat.child_fd, b"caf\xe9?\r")  # Latin-1, as from a terminal in another encoding
+    os.write(chat.child_fd, b"caf\xe9?")  # Latin-1, as from a terminal in another encoding
+    # the line goes on with U+FFFD in their place (the line editor takes the byte after an
+    # unfinished sequence, and the rest of that read, with it)
+    chat.expect("caf\ufffd")
+    os.write(chat.child_fd, b"\r")
     chat.expect(STATUS)
     chat.expect("> ")
     chat.sendline("/exit")
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
+
+
+def test_lines_typed_ahead_are_kept(chat):
+    # two lines in one read of the terminal: the second waits for its prompt, it is not dropped
+    chat.send("Hello.\r/exit\r")
+    chat.expect(STATUS)
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0
+
+
+@pytest.fixture
+def terse_chat(smollm2_gguf):
+    """A chat with the SmolLM2 GGUF on a pty (answers of one token: the tests count prompt tokens)."""
+    c = pexpect.spawn(str(ml_bin()), [str(smollm2_gguf), "--type", "q8_0", "-n", "1"],
+                      encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
+    c.expect("chatting")
+    c.expect("> ")
+    yield c
+    c.close(force=True)
+
+
+@pytest.fixture(scope="module")
+def smol_tokens():
+    """The number of tokens of a text, by Hugging Face `tokenizers` with SmolLM2's tokenizer."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(FIXTURES / "tokenizers" / "smollm2" / "tokenizer.json"))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def prompt_tokens(c, keys):
+    """Sends `keys` (ending in Enter) as a new conversation's first turn; returns its prompt tokens."""
+    c.sendline("/clear")
+    c.expect(r"\(a new conversation\)")
+    c.expect("> ")
+    c.send(keys)
+    c.expect(STATUS)
+    p, cached, _ = map(int, c.match.groups())
+    assert cached == 0
+    c.expect("> ")
+    return p
+
+
+def type_out(c, text, chunk=256):
+    """Sends `text` a piece at a time, as keys typed or pasted into a terminal without bracketed
+    paste, reading the echo as it comes (unread, it would fill the pty and stop the chat reading)."""
+    for i in range(0, len(text), chunk):
+        c.send(text[i:i + chunk])
+        c.expect([pexpect.TIMEOUT, pexpect.EOF], timeout=0.05)
+
+
+def test_a_line_longer_than_the_terminal_line_buffer_arrives_whole(terse_chat, smol_tokens):
+    # 850 words (one token each), 11 KB on one line: a read in the terminal's line mode would keep
+    # 4,095 bytes of it (about 315 tokens)
+    words = sorted(w for w in ("abandonment abbreviation acceleration accessibility accommodation "
+                               "acknowledgement administration advertisement agricultural "
+                               "approximately architecture arrangements assessment association "
+                               "authentication availability background beautifully "
+                               "biodiversity calculations certification characteristics "
+                               "circumstances collaboration communication competitive "
+                               "comprehensive concentration configuration consequences "
+                               "conservation considerable construction contribution "
+                               "conversation corporations demonstrated destination "
+                               "development dictionary differently disabilities discovering "
+                               "distribution electricity engineering environment "
+                               "establishment examination expectations experiences").split())
+    rng = random.Random(0)
+    line = " ".join(rng.choice(words) for _ in range(850))
+    assert len(line.encode()) > 10_000
+    # the template's own tokens, from a short turn
+    template = prompt_tokens(terse_chat, "Hello.\r") - smol_tokens("Hello.")
+    expected = template + smol_tokens(line)
+    assert smol_tokens(line) > 800
+    # pasted (between the bracketed paste markers), then typed (or pasted without them)
+    assert prompt_tokens(terse_chat, PASTE_START + line + PASTE_END + "\r") == expected
+    terse_chat.sendline("/clear")
+    terse_chat.expect("> ")
+    type_out(terse_chat, line)
+    terse_chat.send("\r")
+    terse_chat.expect(STATUS)
+    assert int(terse_chat.match.group(1)) == expected
+    terse_chat.expect("> ")
+    terse_chat.sendline("/exit")
+    terse_chat.expect(pexpect.EOF)
+
+
+def test_a_pasted_block_of_lines_is_one_turn(terse_chat, smol_tokens):
+    code = "def add(a, b):\n    return a + b\n\n\nprint(add(2, 3))  # five"
+    template = prompt_tokens(terse_chat, "Hello.\r") - smol_tokens("Hello.")
+    # a terminal sends a pasted newline as Enter (CR); between the markers it is text
+    pasted = PASTE_START + code.replace("\n", "\r") + PASTE_END + "\r"
+    terse_chat.sendline("/clear")
+    terse_chat.expect(r"\(a new conversation\)")
+    terse_chat.expect("> ")
+    terse_chat.send(pasted)
+    terse_chat.sendline("/exit")
+    terse_chat.expect(pexpect.EOF)
+    turns = [tuple(map(int, m)) for m in STATUS.findall(terse_chat.before)]
+    # one turn, its newlines kept (not three, one per line)
+    assert [(p, cached) for p, cached, _ in turns] == [(template + smol_tokens(code), 0)], turns
+    terse_chat.close()
+    assert terse_chat.exitstatus == 0

@@ -4,15 +4,27 @@
 //! tokens (the text the template adds between the last answer and the new
 //! turn's assistant header, appended to the exact ids already cached).
 //!
+//! Input comes through a line editor (rustyline) that reads the terminal in
+//! raw mode, so a line of any length arrives whole (a cooked read cuts it at
+//! 4095 bytes), and takes a bracketed paste as text, so pasted lines are one
+//! turn with their newlines; a line ending in `\` goes on at the `. `
+//! prompt; Up and Down recall the session's lines. Between reads the
+//! terminal is back in its own mode, so Ctrl-C is a signal again.
+//!
 //! Commands: `/clear` starts a new conversation, `/exit` (or Ctrl-D) leaves.
 //! Ctrl-C stops the answer being generated; at the prompt it leaves (exit
 //! status 130). When the context is full the chat says so and `/clear`
 //! starts over: no turn is dropped silently.
 
 use super::stdout;
-use std::io::{BufRead, IsTerminal, Write};
+use std::cell::RefCell;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+use rustyline::error::ReadlineError;
+use rustyline::history::DefaultHistory;
+use rustyline::{Config, Editor};
 
 use crate::chat::{Message, Role, Template};
 use crate::generate::{DecodeParams, Finish, Generator, SpecStats, Speculator, Token};
@@ -81,11 +93,11 @@ pub fn run(
         style.reset
     );
     let mut conv = Conversation { messages: Vec::new(), ids: Vec::new(), text: String::new() };
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
+    let mut input = line_editor()?;
     loop {
         let Some(line) = read_turn(&mut input)? else {
-            return stdout::line("");
+            // the editor has ended the prompt's line
+            return Ok(());
         };
         match line.trim() {
             "" => continue,
@@ -205,30 +217,90 @@ pub fn run(
     }
 }
 
-/// One user turn: a line, or lines joined while each ends in `\`. None at
-/// the end of the input.
-fn read_turn(input: &mut impl BufRead) -> Result<Option<String>, String> {
+/// The terminal's line editor: rustyline on stdin and stdout (raw mode only
+/// while it reads a line), its history the session's lines, in memory only.
+type LineEditor = Editor<LineKeeper, DefaultHistory>;
+
+fn line_editor() -> Result<LineEditor, String> {
+    let config = Config::builder().auto_add_history(true).build();
+    let mut editor = LineEditor::with_config(config).map_err(|e| format!("cannot use the terminal: {e}"))?;
+    editor.set_helper(Some(LineKeeper::default()));
+    Ok(editor)
+}
+
+/// The line being edited, copied at each change (rustyline asks its helper
+/// for a hint after each change, with the line). When the terminal sends
+/// bytes that are not UTF-8, rustyline's read fails and drops the line (and
+/// the byte after an unfinished sequence, and the rest of that read); the
+/// copy lets the next read start where the line was.
+#[derive(Default)]
+struct LineKeeper {
+    line: RefCell<String>,
+}
+
+impl rustyline::hint::Hinter for LineKeeper {
+    type Hint = String;
+
+    fn hint(&self, line: &str, _pos: usize, _ctx: &rustyline::Context<'_>) -> Option<String> {
+        let mut kept = self.line.borrow_mut();
+        kept.clear();
+        kept.push_str(line);
+        None
+    }
+}
+
+impl rustyline::completion::Completer for LineKeeper {
+    type Candidate = String;
+}
+impl rustyline::highlight::Highlighter for LineKeeper {}
+impl rustyline::validate::Validator for LineKeeper {}
+impl rustyline::Helper for LineKeeper {}
+
+/// One user turn: a line, or lines joined while each ends in `\`. A
+/// bracketed paste is one line, its newlines kept. None at the end of the
+/// input.
+fn read_turn(input: &mut LineEditor) -> Result<Option<String>, String> {
     let mut turn = String::new();
     loop {
-        stdout::write(if turn.is_empty() { b"> " } else { b". " })?;
-        // bytes that are not UTF-8 (a terminal in another encoding) become
-        // U+FFFD rather than ending the conversation
-        let mut bytes = Vec::new();
-        let n = input.read_until(b'\n', &mut bytes).map_err(|e| format!("cannot read the terminal: {e}"))?;
-        if n == 0 {
+        let Some(line) = read_line(input, if turn.is_empty() { "> " } else { ". " })? else {
             return Ok((!turn.is_empty()).then_some(turn));
-        }
-        let line = String::from_utf8_lossy(&bytes);
-        let line = line.trim_end_matches(['\n', '\r']);
+        };
         match line.strip_suffix('\\') {
             Some(part) => {
                 turn.push_str(part);
                 turn.push('\n');
             }
             None => {
-                turn.push_str(line);
+                turn.push_str(&line);
                 return Ok(Some(turn));
             }
+        }
+    }
+}
+
+/// One line from the editor after `prompt`. None at the end of the input
+/// (Ctrl-D on an empty line). Ctrl-C leaves with exit status 130: in raw
+/// mode it is a key, not the signal the Ctrl-C handler catches.
+fn read_line(input: &mut LineEditor, prompt: &str) -> Result<Option<String>, String> {
+    let mut resumed = String::new();
+    loop {
+        let read = if resumed.is_empty() {
+            input.readline(prompt)
+        } else {
+            input.readline_with_initial(prompt, (&resumed, ""))
+        };
+        match read {
+            Ok(line) => return Ok(Some(line)),
+            Err(ReadlineError::Eof) => return Ok(None),
+            Err(ReadlineError::Interrupted) => std::process::exit(130),
+            // bytes that are not UTF-8 (a terminal in another encoding)
+            // become U+FFFD rather than ending the conversation: the line
+            // goes on from the copy the helper kept
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                resumed = input.helper().map(|keeper| keeper.line.take()).unwrap_or_default();
+                resumed.push(char::REPLACEMENT_CHARACTER);
+            }
+            Err(e) => return Err(format!("cannot read the terminal: {e}")),
         }
     }
 }
