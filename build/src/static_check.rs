@@ -28,6 +28,9 @@ const WINDOWS_SYSTEM_DLLS: &[&str] = &[
     "shell32.dll",
     "ole32.dll",
     "user32.dll",
+    // the chat's line editor (rustyline) reads the clipboard's bitmap formats
+    // through clipboard-win; GDI ships with every Windows and user32 loads it anyway
+    "gdi32.dll",
     "secur32.dll",
 ];
 
