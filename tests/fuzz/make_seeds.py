@@ -12,9 +12,10 @@ that parse.
          ../shared/fixtures/tokenizers cut to their first tokens (and the
          merges among them) by tools/convert_tokenizer.py, and the tokenizer
          of the GGUF seed below;
-  GGUF   a one-layer Llama (SentencePiece tokenizer, Q8_0/F16/F32 tensors)
-         and a tensorless file with a byte-level (gpt2) tokenizer, written
-         with the `gguf` package as tests/test_gguf.py does;
+  GGUF   a one-layer Llama, Gemma 2 and Mistral with sliding windows
+         (SentencePiece tokenizer, Q8_0/F16/F32 tensors) and a tensorless
+         file with a byte-level (gpt2) tokenizer, written with the `gguf`
+         package as tests/test_gguf.py does;
   HTTP, JSON   requests as tests/test_server.py sends them (with schemas
          and tools as tests/test_structured.py and test_tools.py do);
   schemas, GBNF   JSON Schemas and grammars as those tests give them;
@@ -97,12 +98,11 @@ def mlt_seeds(tmp):
     put("mlt", "llama-gguf.mlt", ct.encode_mlt(ct.finish(ct.read_gguf(tmp / "llama.gguf"))))
 
 
-def gguf_seeds(tmp):
-    # A one-layer Llama: SentencePiece tokens as tests/test_gguf.py writes them.
+def one_layer_gguf(path, arch, extra_meta=(), extra_norms=()):
+    """A one-layer model of `arch`: SentencePiece tokens as tests/test_gguf.py writes them."""
     d, ff, vocab = 32, 64, 300
     rng = np.random.default_rng(14)
-    path = tmp / "llama.gguf"
-    gw = gguf.GGUFWriter(str(path), "llama")
+    gw = gguf.GGUFWriter(str(path), arch)
     gw.add_block_count(1)
     gw.add_context_length(64)
     gw.add_embedding_length(d)
@@ -112,6 +112,8 @@ def gguf_seeds(tmp):
     gw.add_rope_freq_base(10000.0)
     gw.add_layer_norm_rms_eps(1e-5)
     gw.add_vocab_size(vocab)
+    for key, value in extra_meta:
+        gw.add_uint32(f"{arch}.{key}", value) if isinstance(value, int) else gw.add_float32(f"{arch}.{key}", value)
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
     tokens += [f"\u2581t{i}" for i in range(vocab - len(tokens))]
     gw.add_tokenizer_model("llama")
@@ -131,13 +133,26 @@ def gguf_seeds(tmp):
     for name, shape in [("attn_q", (d, d)), ("attn_k", (16, d)), ("attn_v", (16, d)), ("attn_output", (d, d)),
                         ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))]:
         gw.add_tensor(f"blk.0.{name}.weight", w(*shape).astype(np.float16))
-    for name in ("attn_norm", "ffn_norm"):
+    for name in ("attn_norm", "ffn_norm", *extra_norms):
         gw.add_tensor(f"blk.0.{name}.weight", np.ones(d, dtype=np.float32))
     gw.write_header_to_file()
     gw.write_kv_data_to_file()
     gw.write_tensors_to_file()
     gw.close()
-    put("gguf", "llama-1layer.gguf", path.read_bytes())
+    return path.read_bytes()
+
+
+def gguf_seeds(tmp):
+    # One-layer models: a Llama, and two families whose layers have kinds (sliding
+    # windows) that the import makes per layer (issue 32: a block_count of 2^40 there
+    # allocated terabytes before any tensor was checked).
+    put("gguf", "llama-1layer.gguf", one_layer_gguf(tmp / "llama.gguf", "llama"))
+    put("gguf", "gemma2-1layer.gguf", one_layer_gguf(
+        tmp / "gemma2.gguf", "gemma2", [("attention.sliding_window", 16), ("attn_logit_softcapping", 50.0),
+                                        ("final_logit_softcapping", 30.0)],
+        ["post_attention_norm", "post_ffw_norm"]))
+    put("gguf", "mistral-1layer.gguf", one_layer_gguf(tmp / "mistral.gguf", "mistral",
+                                                      [("attention.sliding_window", 16)]))
 
     # Metadata only: a byte-level BPE tokenizer (GPT-2's byte alphabet and a few merges).
     alphabet = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \

@@ -284,7 +284,17 @@ fn deep_nesting_is_refused_not_a_stack_overflow() {
         gbnf::compile(&format!("root ::= {}\"a\"{}", "(".repeat(10_000), ")".repeat(10_000))).unwrap_err()
     });
     assert!(e.contains("nested deeper than 100") && e.contains("line 1"), "{e}");
-    // the deepest nesting allowed still compiles and matches, on the same stack
+    // the deepest nesting allowed still compiles and matches, on the same stack: a
+    // schema 60 levels deep whose innermost string has a pattern 100 groups deep
+    let g = on_small_stack(|| {
+        let mut s = json!({"type": "string", "pattern": format!("^{}a{}$", "(".repeat(100), ")".repeat(100))});
+        for _ in 0..60 {
+            s = json!({"type": "array", "items": s, "maxItems": 1});
+        }
+        schema::compile(&s).map(Arc::new).unwrap()
+    });
+    let text = format!("{}\"a\"{}", "[".repeat(60), "]".repeat(60));
+    assert!(matches(&g, text.as_bytes()));
     let ok = on_small_stack(|| {
         let g = Arc::new(gbnf::compile(&format!("root ::= {}\"a\"{}", "(".repeat(100), ")".repeat(100))).unwrap());
         let p = schema(json!({"type": "string", "pattern": format!("^{}a{}$", "(".repeat(100), ")".repeat(100))}));
