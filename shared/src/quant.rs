@@ -194,24 +194,125 @@ pub struct BlockQ4_0x8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
 
-/// Interleaves `bytes(row k, block b)` of eight-row groups into `out`:
-/// rows ⌊rows/8⌋·8 of a [rows][nb] matrix, group g's block b at g·nb + b,
-/// the blocks made on all threads.
-fn repack_x8<B: Sync, X: Send>(
-    w: &[B],
-    nb: usize,
-    what: &str,
-    make: impl Fn([&B; ROWS8]) -> X + Sync,
-) -> Result<Vec<X>, String> {
+/// Whether a copy of quantised blocks takes any scale (the kernel tests'
+/// extremes, `--save`) or refuses a scale that is NaN or infinite (the
+/// loader: such a block makes every output it touches NaN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scales {
+    Any,
+    Finite,
+}
+
+/// A quantised block's scales: d, and dmin where the type has one.
+pub trait Scaled {
+    /// The first scale that is NaN or infinite, if any.
+    fn nonfinite_scale(&self) -> Option<f32>;
+}
+
+fn nonfinite_f16(d: f16) -> Option<f32> {
+    (!d.is_finite()).then(|| d.to_f32())
+}
+
+macro_rules! scaled_by {
+    ($ty:ty, $($field:ident),+) => {
+        impl Scaled for $ty {
+            #[inline(always)]
+            fn nonfinite_scale(&self) -> Option<f32> {
+                None$(.or_else(|| nonfinite_f16(self.$field)))+
+            }
+        }
+    };
+}
+scaled_by!(BlockQ8_0, d);
+scaled_by!(BlockQ4_0, d);
+scaled_by!(BlockQ4K, d, dmin);
+scaled_by!(BlockQ5K, d, dmin);
+scaled_by!(BlockQ6K, d);
+impl Scaled for BlockQ8_0F32 {
+    fn nonfinite_scale(&self) -> Option<f32> {
+        (!self.d.is_finite()).then_some(self.d)
+    }
+}
+impl Scaled for BlockQ4_0F32 {
+    fn nonfinite_scale(&self) -> Option<f32> {
+        (!self.d.is_finite()).then_some(self.d)
+    }
+}
+
+/// Whether every value of `x` is finite (neither NaN nor infinite), in one
+/// pass of integer operations that every build vectorises: a value's
+/// exponent field is all ones exactly when adding one to it carries into
+/// the sign bit.
+pub fn all_finite(x: &[f32]) -> bool {
+    let carry = x.iter().fold(0u32, |acc, v| acc | ((v.to_bits() & 0x7f80_0000) + 0x0080_0000));
+    carry & 0x8000_0000 == 0
+}
+
+/// The first block with a scale that is NaN or infinite: its index and that scale.
+pub fn nonfinite_block<B: Scaled>(blocks: &[B]) -> Option<(usize, f32)> {
+    blocks.iter().enumerate().find_map(|(i, b)| Some((i, b.nonfinite_scale()?)))
+}
+
+/// The error of block `block` (in row-major order) of `what` having the scale `scale`.
+pub fn nonfinite_scale_error(what: &str, block: usize, scale: f32) -> String {
+    format!("{what} has a non-finite scale ({scale}) in block {block}")
+}
+
+/// Notes block `at` as non-finite when it is the first so far (the blocks
+/// of a copy are checked in any order, on all threads).
+struct FirstBad(std::sync::atomic::AtomicUsize);
+
+impl FirstBad {
+    fn new() -> FirstBad {
+        FirstBad(std::sync::atomic::AtomicUsize::new(usize::MAX))
+    }
+    fn note(&self, at: usize) {
+        self.0.fetch_min(at, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// The error naming the first block noted, of the row-major `blocks`.
+    fn check<B: Scaled>(self, blocks: &[B], what: &str) -> Result<(), String> {
+        match self.0.into_inner() {
+            usize::MAX => Ok(()),
+            b => Err(nonfinite_scale_error(what, b, blocks[b].nonfinite_scale().unwrap_or(f32::NAN))),
+        }
+    }
+}
+
+/// The eight-row layout of a matrix of plain blocks `w` with `nb` blocks a
+/// row: rows 0 .. ⌊rows/8⌋·8 in groups (group g's block b at g·nb + b),
+/// made on all threads; the last rows % 8 rows stay in `w`. Q8 quants are
+/// stored XOR `bias`. With `Scales::Finite` every block's scales are
+/// checked on the way (the tail rows' too), and the first non-finite one
+/// in row-major order is the error.
+pub fn repack_rows8<X: Rows8>(w: &[X::Row], nb: usize, bias: u8, scales: Scales, what: &str) -> Result<Vec<X>, String> {
     use rayon::prelude::*;
     let n = w.len().checked_div(nb).unwrap_or(0) / ROWS8 * nb;
     let mut out = Vec::new();
     out.try_reserve_exact(n)
         .map_err(|_| format!("out of memory repacking {what} ({} bytes)", n * std::mem::size_of::<X>()))?;
+    let first_bad = FirstBad::new();
     (0..n)
         .into_par_iter()
-        .map(|i| make(std::array::from_fn(|k| &w[(i / nb * ROWS8 + k) * nb + i % nb])))
+        .map(|i| {
+            let at = |k: usize| (i / nb * ROWS8 + k) * nb + i % nb;
+            let rows = std::array::from_fn(|k| &w[at(k)]);
+            if scales == Scales::Finite {
+                // (the row with the lowest index: it comes first in row-major order)
+                if let Some(k) = rows.iter().position(|r| r.nonfinite_scale().is_some()) {
+                    first_bad.note(at(k));
+                }
+            }
+            X::group(rows, bias)
+        })
         .collect_into_vec(&mut out);
+    if scales == Scales::Finite {
+        // the tail rows, which the kernels read in place: a few rows more
+        let tail = n * ROWS8;
+        if let Some((b, _)) = nonfinite_block(&w[tail.min(w.len())..]) {
+            first_bad.note(tail + b);
+        }
+    }
+    first_bad.check(w, what)?;
     Ok(out)
 }
 
@@ -233,7 +334,7 @@ fn put_word(b: &mut [u8], i: usize, v: u32) {
 /// as its byte XOR `bias` (0x80: w + 128 as an unsigned byte, for kernels
 /// that multiply unsigned weights by signed activations).
 pub fn repack_q8_x8(w: &[BlockQ8_0], nb: usize, bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
-    repack_x8(w, nb, what, |rows| group_q8_x8(rows, bias))
+    repack_rows8(w, nb, bias, Scales::Any, what)
 }
 
 /// Whole groups of eight Q8_0 rows (`nb` blocks each) interleaved into
@@ -259,7 +360,7 @@ fn group_q8_x8(rows: [&BlockQ8_0; ROWS8], bias: u8) -> BlockQ8_0x8 {
 
 /// The eight-row layout of a Q4_0 matrix (as `repack_q8_x8`, no bias).
 pub fn repack_q4_x8(w: &[BlockQ4_0], nb: usize, what: &str) -> Result<Vec<BlockQ4_0x8>, String> {
-    repack_x8(w, nb, what, group_q4_x8)
+    repack_rows8(w, nb, 0, Scales::Any, what)
 }
 
 /// Whole groups of eight Q4_0 rows (`nb` blocks each) interleaved into
@@ -351,54 +452,60 @@ impl BlockQ6Kx8 {
 /// The eight-row layout of a Q4_K matrix with `nb` super-blocks per row
 /// (whole groups only; the last rows % 8 rows stay in `w`).
 pub fn repack_q4k_x8(w: &[BlockQ4K], nb: usize, what: &str) -> Result<Vec<BlockQ4Kx8>, String> {
-    repack_x8(w, nb, what, |rows| {
-        let mut x = BlockQ4Kx8 {
-            d: rows.map(|r| r.d),
-            dmin: rows.map(|r| r.dmin),
-            scales: [[0; ROWS8]; 8],
-            mins: [[0; ROWS8]; 8],
-            qs: [0; ROWS8 * QK_K / 2],
-        };
-        for (k, r) in rows.iter().enumerate() {
-            let (sc, mn) = scales_mins_k4(&r.scales);
-            for j in 0..8 {
-                x.scales[j][k] = sc[j];
-                x.mins[j][k] = mn[j];
-            }
-            // byte 32·c + 4·g + e of the row to 256·c + 32·g + 4·k + e
-            for i in 0..QK_K / 8 {
-                put_word(&mut x.qs, 256 * (i / 8) + 32 * (i % 8) + 4 * k, word(&r.qs, 4 * i));
-            }
+    repack_rows8(w, nb, 0, Scales::Any, what)
+}
+
+/// Super-block s of eight Q4_K rows, interleaved.
+fn group_q4k_x8(rows: [&BlockQ4K; ROWS8]) -> BlockQ4Kx8 {
+    let mut x = BlockQ4Kx8 {
+        d: rows.map(|r| r.d),
+        dmin: rows.map(|r| r.dmin),
+        scales: [[0; ROWS8]; 8],
+        mins: [[0; ROWS8]; 8],
+        qs: [0; ROWS8 * QK_K / 2],
+    };
+    for (k, r) in rows.iter().enumerate() {
+        let (sc, mn) = scales_mins_k4(&r.scales);
+        for j in 0..8 {
+            x.scales[j][k] = sc[j];
+            x.mins[j][k] = mn[j];
         }
-        x
-    })
+        // byte 32·c + 4·g + e of the row to 256·c + 32·g + 4·k + e
+        for i in 0..QK_K / 8 {
+            put_word(&mut x.qs, 256 * (i / 8) + 32 * (i % 8) + 4 * k, word(&r.qs, 4 * i));
+        }
+    }
+    x
 }
 
 /// The eight-row layout of a Q6_K matrix (as `repack_q4k_x8`).
 pub fn repack_q6k_x8(w: &[BlockQ6K], nb: usize, what: &str) -> Result<Vec<BlockQ6Kx8>, String> {
-    repack_x8(w, nb, what, |rows| {
-        let mut x = BlockQ6Kx8 { d: rows.map(|r| r.d), scales: [[0; ROWS8]; 16], qs: [0; ROWS8 * QK_K * 3 / 4] };
-        for (k, r) in rows.iter().enumerate() {
-            for i in 0..16 {
-                x.scales[i][k] = r.scales[i];
-            }
-            // `code_at` and `q6k_code` for the four weights e = 32·j + 4·g + 0..4
-            // at once: sub-block j's low bits from the row's ql, its high bits
-            // from qh, four bytes a word
-            for j in 0..8 {
-                let (c, p, h, r4) = (j / 2, j % 2, j / 4, j % 4);
-                for g in 0..8 {
-                    let lo = (word(&r.ql, 64 * h + 32 * (r4 % 2) + 4 * g) >> (4 * (r4 / 2))) & 0x0f0f_0f0f;
-                    let hi = (word(&r.qh, 32 * h + 4 * g) >> (2 * r4)) & 0x0303_0303;
-                    let (at_lo, at_hi) = (384 * c + 32 * g + 4 * k, 384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k);
-                    let (was_lo, was_hi) = (word(&x.qs, at_lo), word(&x.qs, at_hi));
-                    put_word(&mut x.qs, at_lo, was_lo | lo << (4 * p));
-                    put_word(&mut x.qs, at_hi, was_hi | hi << (2 * (g % 4)));
-                }
+    repack_rows8(w, nb, 0, Scales::Any, what)
+}
+
+/// Super-block s of eight Q6_K rows, interleaved.
+fn group_q6k_x8(rows: [&BlockQ6K; ROWS8]) -> BlockQ6Kx8 {
+    let mut x = BlockQ6Kx8 { d: rows.map(|r| r.d), scales: [[0; ROWS8]; 16], qs: [0; ROWS8 * QK_K * 3 / 4] };
+    for (k, r) in rows.iter().enumerate() {
+        for i in 0..16 {
+            x.scales[i][k] = r.scales[i];
+        }
+        // `code_at` and `q6k_code` for the four weights e = 32·j + 4·g + 0..4
+        // at once: sub-block j's low bits from the row's ql, its high bits
+        // from qh, four bytes a word
+        for j in 0..8 {
+            let (c, p, h, r4) = (j / 2, j % 2, j / 4, j % 4);
+            for g in 0..8 {
+                let lo = (word(&r.ql, 64 * h + 32 * (r4 % 2) + 4 * g) >> (4 * (r4 / 2))) & 0x0f0f_0f0f;
+                let hi = (word(&r.qh, 32 * h + 4 * g) >> (2 * r4)) & 0x0303_0303;
+                let (at_lo, at_hi) = (384 * c + 32 * g + 4 * k, 384 * c + 256 + 32 * (2 * p + g / 4) + 4 * k);
+                let (was_lo, was_hi) = (word(&x.qs, at_lo), word(&x.qs, at_hi));
+                put_word(&mut x.qs, at_lo, was_lo | lo << (4 * p));
+                put_word(&mut x.qs, at_hi, was_hi | hi << (2 * (g % 4)));
             }
         }
-        x
-    })
+    }
+    x
 }
 
 /// The 12 packed bytes of eight 6-bit scales and mins: the inverse of
@@ -414,16 +521,39 @@ pub fn pack_scales_mins_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
 }
 
 /// An eight-row interleaved block and the plain block of each of its rows
-/// (the repack functions above make one; `row` takes it apart again).
-pub trait Rows8: Pod + Sync {
+/// (`group` makes one; `row` takes it apart again).
+pub trait Rows8: Pod + Send + Sync {
     /// The block of one row.
-    type Row: Pod + Send;
+    type Row: Pod + Send + Sync + Scaled;
+    /// Block b of eight rows, interleaved (Q8: each quant XOR `bias`).
+    fn group(rows: [&Self::Row; ROWS8], bias: u8) -> Self;
     /// Row k's block (0 ≤ k < 8). Q8: the quants as stored XOR `bias`.
     fn row(&self, k: usize, bias: u8) -> Self::Row;
+    /// The first row whose scale (d, or dmin) is NaN or infinite, and that scale.
+    fn nonfinite_row(&self) -> Option<(usize, f32)>;
+}
+
+/// The first of eight rows' f16 scales (in each of `scales`, row by row)
+/// that is not finite: its row and value.
+fn nonfinite_of_rows(scales: &[&[f16; ROWS8]]) -> Option<(usize, f32)> {
+    // on the bits, four f16s a word first (this runs on every group of a
+    // repack): an exponent field is all ones when adding one to it carries
+    // into the f16's top bit
+    let carry = |w: u64| ((w & 0x7c00_7c00_7c00_7c00) + 0x0400_0400_0400_0400) & 0x8000_8000_8000_8000;
+    if scales.iter().all(|d| bytemuck::cast::<[f16; ROWS8], [u64; 2]>(**d).iter().all(|&w| carry(w) == 0)) {
+        return None;
+    }
+    (0..ROWS8).find_map(|k| scales.iter().find_map(|d| Some((k, nonfinite_f16(d[k])?))))
 }
 
 impl Rows8 for BlockQ8_0x8 {
     type Row = BlockQ8_0;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        nonfinite_of_rows(&[&self.d])
+    }
+    fn group(rows: [&BlockQ8_0; ROWS8], bias: u8) -> Self {
+        group_q8_x8(rows, bias)
+    }
     fn row(&self, k: usize, bias: u8) -> BlockQ8_0 {
         BlockQ8_0 { d: self.d[k], qs: std::array::from_fn(|j| (self.qs[32 * (j / 4) + 4 * k + j % 4] ^ bias) as i8) }
     }
@@ -431,6 +561,12 @@ impl Rows8 for BlockQ8_0x8 {
 
 impl Rows8 for BlockQ4_0x8 {
     type Row = BlockQ4_0;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        nonfinite_of_rows(&[&self.d])
+    }
+    fn group(rows: [&BlockQ4_0; ROWS8], _bias: u8) -> Self {
+        group_q4_x8(rows)
+    }
     fn row(&self, k: usize, _bias: u8) -> BlockQ4_0 {
         BlockQ4_0 { d: self.d[k], qs: std::array::from_fn(|j| self.qs[32 * (j / 4) + 4 * k + j % 4]) }
     }
@@ -438,6 +574,12 @@ impl Rows8 for BlockQ4_0x8 {
 
 impl Rows8 for BlockQ4Kx8 {
     type Row = BlockQ4K;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        nonfinite_of_rows(&[&self.d, &self.dmin])
+    }
+    fn group(rows: [&BlockQ4K; ROWS8], _bias: u8) -> Self {
+        group_q4k_x8(rows)
+    }
     fn row(&self, k: usize, _bias: u8) -> BlockQ4K {
         let sc = std::array::from_fn(|j| self.scales[j][k]);
         let mn = std::array::from_fn(|j| self.mins[j][k]);
@@ -452,6 +594,12 @@ impl Rows8 for BlockQ4Kx8 {
 
 impl Rows8 for BlockQ6Kx8 {
     type Row = BlockQ6K;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        nonfinite_of_rows(&[&self.d])
+    }
+    fn group(rows: [&BlockQ6K; ROWS8], _bias: u8) -> Self {
+        group_q6k_x8(rows)
+    }
     fn row(&self, k: usize, _bias: u8) -> BlockQ6K {
         let mut b =
             BlockQ6K { ql: [0; 128], qh: [0; 64], scales: std::array::from_fn(|i| self.scales[i][k]), d: self.d[k] };
@@ -469,8 +617,15 @@ impl Rows8 for BlockQ6Kx8 {
 /// Rows 0 .. 8·⌊rows/8⌋ of a matrix with `nb` blocks a row, back in the
 /// plain row layout from their eight-row groups (`packed`: group g's block
 /// b at g·nb + b); the Q8 quants XOR `bias`. Groups are taken apart on all
-/// threads of the current pool.
-pub fn deinterleave_x8<X: Rows8>(packed: &[X], nb: usize, bias: u8, what: &str) -> Result<Vec<X::Row>, String> {
+/// threads of the current pool; with `Scales::Finite`, the first block
+/// (row-major) whose scale is not finite is the error.
+pub fn deinterleave_x8<X: Rows8>(
+    packed: &[X],
+    nb: usize,
+    bias: u8,
+    scales: Scales,
+    what: &str,
+) -> Result<Vec<X::Row>, String> {
     use rayon::prelude::*;
     let nb = nb.max(1);
     let n = packed.len() / nb * nb * ROWS8;
@@ -478,24 +633,51 @@ pub fn deinterleave_x8<X: Rows8>(packed: &[X], nb: usize, bias: u8, what: &str) 
     out.try_reserve_exact(n)
         .map_err(|_| format!("out of memory de-interleaving {what} ({} bytes)", n * std::mem::size_of::<X::Row>()))?;
     out.resize(n, X::Row::zeroed());
-    out.par_chunks_mut(ROWS8 * nb).zip(packed.par_chunks(nb)).for_each(|(rows, group)| {
+    let first_bad = FirstBad::new();
+    out.par_chunks_mut(ROWS8 * nb).zip(packed.par_chunks(nb)).enumerate().for_each(|(g, (rows, group))| {
         for (k, row) in rows.chunks_exact_mut(nb).enumerate() {
-            for (r, x) in row.iter_mut().zip(group) {
+            for (b, (r, x)) in row.iter_mut().zip(group).enumerate() {
                 *r = x.row(k, bias);
+                if scales == Scales::Finite && r.nonfinite_scale().is_some() {
+                    first_bad.note((g * ROWS8 + k) * nb + b);
+                }
             }
         }
     });
+    first_bad.check(&out, what)?;
     Ok(out)
 }
 
-/// Eight-row Q8_0 groups with every quant XOR `bias` (a build whose kernels
-/// read another bias than the file's 0: `Kernels::Q8_X8_BIAS`).
-pub fn rebias_q8_x8(packed: &[BlockQ8_0x8], bias: u8, what: &str) -> Result<Vec<BlockQ8_0x8>, String> {
+/// Eight-row Q8_0 groups (`nb` blocks a row) with every quant XOR `bias`
+/// (a build whose kernels read another bias than the file's 0:
+/// `Kernels::Q8_X8_BIAS`); with `Scales::Finite`, the first block
+/// (row-major) whose scale is not finite is the error.
+pub fn rebias_q8_x8(
+    packed: &[BlockQ8_0x8],
+    nb: usize,
+    bias: u8,
+    scales: Scales,
+    what: &str,
+) -> Result<Vec<BlockQ8_0x8>, String> {
     let mut out = Vec::new();
     out.try_reserve_exact(packed.len())
         .map_err(|_| format!("out of memory repacking {what} ({} bytes)", std::mem::size_of_val(packed)))?;
-    out.extend(packed.iter().map(|x| BlockQ8_0x8 { d: x.d, qs: x.qs.map(|q| q ^ bias) }));
-    Ok(out)
+    let nb = nb.max(1);
+    let mut first_bad: Option<(usize, f32)> = None;
+    out.extend(packed.iter().enumerate().map(|(i, x)| {
+        if let Some((k, d)) = x.nonfinite_row().filter(|_| scales == Scales::Finite) {
+            // block b of row 8g + k, row-major
+            let at = (i / nb * ROWS8 + k) * nb + i % nb;
+            if first_bad.is_none_or(|(b, _)| at < b) {
+                first_bad = Some((at, d));
+            }
+        }
+        BlockQ8_0x8 { d: x.d, qs: x.qs.map(|q| q ^ bias) }
+    }));
+    match first_bad {
+        Some((b, d)) => Err(nonfinite_scale_error(what, b, d)),
+        None => Ok(out),
+    }
 }
 
 /// Activation block: x ≈ d · q, `sum` = Σ q (exact).
@@ -721,7 +903,7 @@ mod tests {
     }
 
     fn round_trip<X: Rows8>(w: &[X::Row], nb: usize, bias: u8, packed: &[X]) {
-        let back = deinterleave_x8(packed, nb, bias, "test").unwrap();
+        let back = deinterleave_x8(packed, nb, bias, Scales::Any, "test").unwrap();
         let whole = packed.len() * ROWS8;
         assert_eq!(back.len(), whole);
         assert_eq!(bytemuck::cast_slice::<_, u8>(&back), bytemuck::cast_slice::<_, u8>(&w[..whole]));
@@ -736,7 +918,7 @@ mod tests {
             let packed = repack_q8_x8(&w, nb, bias, "test").unwrap();
             assert_eq!(packed.len(), 2 * nb);
             round_trip(&w, nb, bias, &packed);
-            round_trip(&w, nb, bias ^ 0x80, &rebias_q8_x8(&packed, 0x80, "test").unwrap());
+            round_trip(&w, nb, bias ^ 0x80, &rebias_q8_x8(&packed, nb, 0x80, Scales::Any, "test").unwrap());
         }
         let w: Vec<BlockQ4_0> = blocks(rows * nb, 2);
         let packed = repack_q4_x8(&w, nb, "test").unwrap();
@@ -755,6 +937,69 @@ mod tests {
         round_trip(&w, nb, 0, &repack_q4k_x8(&w, nb, "test").unwrap());
         let w: Vec<BlockQ6K> = blocks(rows * nb, 4);
         round_trip(&w, nb, 0, &repack_q6k_x8(&w, nb, "test").unwrap());
+    }
+
+    /// The loader's copies (`Scales::Finite`) name the first block, in
+    /// row-major order, whose scale is NaN or infinite, whichever order the
+    /// groups are made in; `Scales::Any` copies every bit as it is.
+    #[test]
+    fn checked_copies_name_the_first_non_finite_scale() {
+        // 19 rows of 3 blocks: two groups, then three tail rows
+        let (rows, nb) = (19, 3);
+        let finite = |seed| {
+            let mut w: Vec<BlockQ8_0> = blocks(rows * nb, seed);
+            w.iter_mut().for_each(|b| b.d = f16::from_f32(0.5));
+            w
+        };
+        let mut w = finite(7);
+        // row 7's block 0 is in the group block made first; row 0's block 2 comes first row-major
+        w[7 * nb].d = f16::NAN;
+        w[2].d = f16::INFINITY;
+        w[12 * nb + 1].d = f16::NEG_INFINITY;
+        let err = repack_rows8::<BlockQ8_0x8>(&w, nb, 0x80, Scales::Finite, "m").unwrap_err();
+        assert_eq!(err, "m has a non-finite scale (inf) in block 2");
+        let packed = repack_rows8::<BlockQ8_0x8>(&w, nb, 0, Scales::Any, "m").unwrap();
+        round_trip(&w, nb, 0, &packed);
+        let err = deinterleave_x8(&packed, nb, 0, Scales::Finite, "m").unwrap_err();
+        assert_eq!(err, "m has a non-finite scale (inf) in block 2");
+        let err = rebias_q8_x8(&packed, nb, 0x80, Scales::Finite, "m").unwrap_err();
+        assert_eq!(err, "m has a non-finite scale (inf) in block 2");
+        // a tail row's, which only the repack sees (the loader checks the tail it copies)
+        let mut w = finite(8);
+        w[18 * nb + 1].d = f16::NAN;
+        let err = repack_rows8::<BlockQ8_0x8>(&w, nb, 0, Scales::Finite, "m").unwrap_err();
+        assert_eq!(err, format!("m has a non-finite scale (NaN) in block {}", 18 * nb + 1));
+        let packed = repack_rows8::<BlockQ8_0x8>(&w, nb, 0, Scales::Any, "m").unwrap();
+        assert!(deinterleave_x8(&packed, nb, 0, Scales::Finite, "m").is_ok());
+        assert!(rebias_q8_x8(&packed, nb, 0x80, Scales::Finite, "m").is_ok());
+        // Q4_K's dmin, Q6_K's d
+        let mut w: Vec<BlockQ4K> = blocks(rows * nb, 9);
+        w.iter_mut().for_each(|b| (b.d, b.dmin) = (f16::ONE, f16::ONE));
+        w[9 * nb + 2].dmin = f16::NEG_INFINITY;
+        let err = repack_rows8::<BlockQ4Kx8>(&w, nb, 0, Scales::Finite, "k").unwrap_err();
+        assert_eq!(err, format!("k has a non-finite scale (-inf) in block {}", 9 * nb + 2));
+        let packed = repack_rows8::<BlockQ4Kx8>(&w, nb, 0, Scales::Any, "k").unwrap();
+        assert_eq!(deinterleave_x8(&packed, nb, 0, Scales::Finite, "k").unwrap_err(), err);
+        let mut w: Vec<BlockQ6K> = blocks(rows * nb, 10);
+        w.iter_mut().for_each(|b| b.d = f16::ONE);
+        w[nb].d = f16::NAN;
+        let err = repack_rows8::<BlockQ6Kx8>(&w, nb, 0, Scales::Finite, "6").unwrap_err();
+        assert_eq!(err, format!("6 has a non-finite scale (NaN) in block {nb}"));
+    }
+
+    #[test]
+    fn all_finite_is_every_is_finite() {
+        let specials = [0.0, -0.0, 1.0, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45, f32::INFINITY, f32::NAN];
+        for (i, &v) in specials.iter().chain(&[f32::NEG_INFINITY, -f32::NAN]).enumerate() {
+            let x: Vec<f32> = (0..37).map(|j| if j == i * 3 { v } else { j as f32 }).collect();
+            assert_eq!(all_finite(&x), v.is_finite(), "{v}");
+        }
+        // every exponent and sign, and a spread of mantissas
+        for bits in (0..=u32::MAX).step_by(65537) {
+            let v = f32::from_bits(bits);
+            assert_eq!(all_finite(&[1.0, v, 2.0]), v.is_finite(), "{bits:#x}");
+        }
+        assert!(all_finite(&[]));
     }
 
     #[test]

@@ -21,6 +21,51 @@ fn h(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
+/// The first block of quantised `data` whose scale is NaN or infinite
+/// (its values would be), with that scale: one look per block, where the
+/// values are 32 or 256 (a block's values are finite exactly when its
+/// scales are: the codes and sub-block scales are small integers). None
+/// for the element types (F32, F16, BF16), whose values are to be looked at
+/// themselves.
+pub fn nonfinite_scale(ty: GgmlType, data: &[u8]) -> Option<(usize, f32)> {
+    // each block's f16 scales at bytes A and C (d, and the min or dmin where it has one)
+    match ty {
+        GgmlType::Q4_0 => first_nonfinite_f16::<18, 0, 0>(data),
+        GgmlType::Q4_1 => first_nonfinite_f16::<20, 0, 2>(data),
+        GgmlType::Q5_0 => first_nonfinite_f16::<22, 0, 0>(data),
+        GgmlType::Q5_1 => first_nonfinite_f16::<24, 0, 2>(data),
+        GgmlType::Q8_0 => first_nonfinite_f16::<34, 0, 0>(data),
+        GgmlType::Q2K => first_nonfinite_f16::<84, 80, 82>(data),
+        GgmlType::Q3K => first_nonfinite_f16::<110, 108, 108>(data),
+        GgmlType::Q4K => first_nonfinite_f16::<144, 0, 2>(data),
+        GgmlType::Q5K => first_nonfinite_f16::<176, 0, 2>(data),
+        GgmlType::Q6K => first_nonfinite_f16::<210, 208, 208>(data),
+        // Q8_K's d is an f32
+        GgmlType::Q8K => data
+            .chunks_exact(292)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .enumerate()
+            .find(|(_, d)| !d.is_finite()),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+    }
+}
+
+/// The first of the N-byte blocks of `data` whose f16 at byte A or C (C = A
+/// or A + 2) is NaN or infinite, and that value. (On the bits, the two
+/// f16s as one word: this runs once a block over every converted tensor.)
+fn first_nonfinite_f16<const N: usize, const A: usize, const C: usize>(data: &[u8]) -> Option<(usize, f32)> {
+    const { assert!(C == A || C == A + 2) };
+    let scales = |b: &[u8; N]| -> u32 {
+        let high = if C == A { 0 } else { u16::from_le_bytes([b[C], b[C + 1]]) };
+        u32::from(u16::from_le_bytes([b[A], b[A + 1]])) | u32::from(high) << 16
+    };
+    let (blocks, _) = data.as_chunks::<N>();
+    // an f16's exponent field is all ones when adding one to it carries into its bit 15
+    let i = blocks.iter().position(|b| ((scales(b) & 0x7c00_7c00) + 0x0400_0400) & 0x8000_8000 != 0)?;
+    let (a, c) = (h(&blocks[i], A), h(&blocks[i], C));
+    Some((i, if a.is_finite() { c } else { a }))
+}
+
 /// `out` (the tensor's element count) from the tensor's bytes `data`.
 pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     let (block, bytes) = ty.block();

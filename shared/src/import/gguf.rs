@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::dequant::dequantize;
+use super::dequant::{dequantize, nonfinite_scale};
 use super::families::{self, Family, FULL, SLIDING};
 use super::mixed;
 use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule, BAND_ROWS};
@@ -16,7 +16,7 @@ use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
 use crate::kernels::{Arch, Kernels};
 use crate::model::LIMIT_LAYERS;
-use crate::quant::{dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
+use crate::quant::{all_finite, dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
 const LAYER_NAMES: &[(&str, &str)] = &[
@@ -125,37 +125,89 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         // about 64 KiB of f32 a task, in whole bands of the Q4_0 quantiser's rows
         let chunk = (16384 / cols).max(1).next_multiple_of(BAND_ROWS);
         let groups = layout == Layout::Rows8;
-        for (s, o) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)) {
-            tasks.push((t.ty, ttype, cols, weights, groups, s, o));
+        for (i, (s, o)) in src.chunks(chunk * src_row).zip(out.chunks_mut(chunk * out_row)).enumerate() {
+            let first_value = i * chunk * cols;
+            tasks.push((t.ty, ttype, cols, weights, groups, s, o, (t.name.as_str(), first_value)));
         }
     }
-    tasks.into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(buf, plain), (from, to, cols, weights, groups, src, out)| {
-            buf.resize(src.len() / from.block().1 * from.block().0, 0.0);
-            dequantize(from, src, buf);
-            if groups {
+    // each task's error, if any: the first in task order is the one told
+    let errors: Vec<Option<String>> = tasks
+        .into_par_iter()
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(buf, plain), (from, to, cols, weights, groups, src, out, (name, first_value))| {
+                // a NaN or infinity would go into the blocks as garbage (the
+                // quantisers pass NaN over), found by no later check: the
+                // source's block scales, or its values if it has none
+                let (block_values, block_bytes) = from.block();
+                if let Some((b, d)) = nonfinite_scale(from, src) {
+                    let b = first_value / block_values + b;
+                    return Some(format!("tensor '{name}' has a non-finite scale ({d}) in block {b}"));
+                }
+                buf.resize(src.len() / block_bytes * block_values, 0.0);
+                dequantize(from, src, buf);
+                if let Some(i) = (block_values == 1).then(|| first_nonfinite(buf)).flatten() {
+                    let at = first_value + i;
+                    return Some(format!("tensor '{name}' has a non-finite value ({}) at element {at}", buf[i]));
+                }
                 // a task's rows start at a whole group: its groups, then (the
                 // tensor's last task) the rows % 8 plain rows
-                plain.resize(out.len().div_ceil(8), 0u64);
-                let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(plain)[..out.len()];
-                encode(to, cols, buf, opts.q4_rule, weights, plain);
-                let row = to.row_bytes(cols as u64).unwrap_or(0) as usize;
-                let whole = out.len() / (ROWS8 * row) * ROWS8 * row;
-                let (head, tail) = out.split_at_mut(whole);
-                let nb = cols / QK;
-                match to {
-                    TensorType::Q4_0 => interleave_q4_x8(cast(&plain[..whole]), nb, cast_mut(head)),
-                    _ => interleave_q8_x8(cast(&plain[..whole]), nb, cast_mut(head)),
-                }
-                tail.copy_from_slice(&plain[whole..]);
-            } else {
-                encode(to, cols, buf, opts.q4_rule, weights, out);
-            }
-        },
-    );
+                let encoded: &[u8] = if groups {
+                    plain.resize(out.len().div_ceil(8), 0u64);
+                    let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(plain)[..out.len()];
+                    encode(to, cols, buf, opts.q4_rule, weights, plain);
+                    let row = to.row_bytes(cols as u64).unwrap_or(0) as usize;
+                    let whole = out.len() / (ROWS8 * row) * ROWS8 * row;
+                    let (head, tail) = out.split_at_mut(whole);
+                    let nb = cols / QK;
+                    match to {
+                        TensorType::Q4_0 => interleave_q4_x8(cast(&plain[..whole]), nb, cast_mut(head)),
+                        _ => interleave_q8_x8(cast(&plain[..whole]), nb, cast_mut(head)),
+                    }
+                    tail.copy_from_slice(&plain[whole..]);
+                    plain
+                } else {
+                    encode(to, cols, buf, opts.q4_rule, weights, out);
+                    out
+                };
+                too_large(to, encoded, first_value).map(|e| format!("tensor '{name}' has {e}"))
+            },
+        )
+        .collect();
+    if let Some(e) = errors.into_iter().flatten().next() {
+        return Err(format!("{path}: {e}"));
+    }
 
     Mlb::assemble(g.into_map(), made, meta, infos, path)
+}
+
+/// The index of the first value of `x` that is NaN or infinite.
+fn first_nonfinite(x: &[f32]) -> Option<usize> {
+    // (the vectorised pass first: most often the only one)
+    if all_finite(x) {
+        return None;
+    }
+    x.iter().position(|v| !v.is_finite())
+}
+
+/// Where finite values encoded as `ttype` (plain rows, the first of them
+/// value `first_value` of the tensor) did not fit its f16 fields: the
+/// first block whose scale, or (F16) the first value, overflowed.
+fn too_large(ttype: TensorType, encoded: &[u8], first_value: usize) -> Option<String> {
+    let block = |b: usize| {
+        format!("values too large for {} (its f16 scale overflows) in block {}", ttype.name(), first_value / QK + b)
+    };
+    match ttype {
+        // (llama.cpp's layouts: the GGML types' own)
+        TensorType::Q8_0 => nonfinite_scale(GgmlType::Q8_0, encoded).map(|(b, _)| block(b)),
+        TensorType::Q4_0 => nonfinite_scale(GgmlType::Q4_0, encoded).map(|(b, _)| block(b)),
+        TensorType::F16 => {
+            let values = cast::<half::f16>(encoded);
+            let i = values.iter().position(|v| !v.is_finite())?;
+            Some(format!("a value too large for f16 at element {}", first_value + i))
+        }
+        _ => None,
+    }
 }
 
 /// Whether a matrix this import makes goes straight into the eight-row

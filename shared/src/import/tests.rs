@@ -52,6 +52,14 @@ fn q6_k(rng: &mut Rng, n: u64) -> Vec<u8> {
 /// Q4_1, the feed-forward's gate in Q8_0 (kept), the rest Q4_1; its own
 /// byte-level tokenizer of V tokens.
 fn tiny_llama(extra_meta: &[(&str, Value)], drop: &[&str]) -> Vec<u8> {
+    tiny_llama_edited(extra_meta, drop, |_| {})
+}
+
+/// A GGUF tensor as `write_gguf` takes it: name, type, GGUF dims, bytes.
+type TestTensor = (&'static str, GgmlType, Vec<u64>, Vec<u8>);
+
+/// `tiny_llama` with its tensors changed by `edit` first.
+fn tiny_llama_edited(extra_meta: &[(&str, Value)], drop: &[&str], edit: impl Fn(&mut Vec<TestTensor>)) -> Vec<u8> {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let ones: Vec<f32> = (0..D).map(|_| 1.0 + 0.1 * rng.f32()).collect();
     let q8: Vec<u8> = (0..F * D / 32)
@@ -75,6 +83,7 @@ fn tiny_llama(extra_meta: &[(&str, Value)], drop: &[&str]) -> Vec<u8> {
         ("blk.0.ffn_down.weight", GgmlType::Q4_1, vec![F, D], q4_1(&mut rng, D * F)),
     ];
     tensors.retain(|t| !drop.contains(&t.0));
+    edit(&mut tensors);
     let tokens: Vec<String> =
         (0..V).map(|i| if i < 26 { ((b'a' + i as u8) as char).to_string() } else { format!("t{i}") }).collect();
     let token_values: Vec<Value> = tokens.iter().map(|t| Value::Str(Box::leak(t.clone().into_boxed_str()))).collect();
@@ -370,4 +379,185 @@ fn mutations_never_panic() {
             let _ = import_model(g, &ImportOptions::new(ConvertType::Q8_0));
         }
     }
+}
+
+/// `bytes` with the little-endian f32 or f16 at `at` replaced by `v`.
+fn poke(bytes: &mut [u8], at: usize, v: f32, f16: bool) {
+    if f16 {
+        bytes[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+    } else {
+        bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// `tiny_llama` with tensor `name`'s bytes changed by `change`.
+fn tiny_llama_with(name: &str, change: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    tiny_llama_edited(&[], &[], |tensors| change(&mut tensors.iter_mut().find(|t| t.0 == name).unwrap().3))
+}
+
+/// The error of loading `bytes` (imported as `ctype`) and running three
+/// tokens through it: from the import, the load, or the forward pass;
+/// with the eight-row copies made at load (where the build's kernels read
+/// them) and without (`--no-repack`: every matrix read in place), the
+/// same error each time.
+fn run_error(bytes: Vec<u8>, ctype: ConvertType) -> String {
+    let run = |repack: bool| {
+        let mlb = import(bytes.clone(), ctype)?;
+        let model = Model::from_mlb(Arc::new(mlb), LoadOptions { repack })?;
+        let mut st = State::new(&model.config, 8).unwrap();
+        let err = model.forward(&mut st, &[3, 4, 5], LogitsFor::Last).expect_err("ran with non-finite values");
+        assert_eq!(st.pos, 0, "the state is back where it was");
+        Err::<(), String>(err)
+    };
+    let (copied, in_place) = (run(true).unwrap_err(), run(false).unwrap_err());
+    // (found in the logits instead of the copy, the error tells them too)
+    assert!(in_place.starts_with(&copied) || copied.starts_with(&in_place), "{copied} / {in_place}");
+    copied
+}
+
+/// A NaN or infinity in a norm, in a matrix the import converts, or in the
+/// scale of a block used as stored is a one-line error naming the tensor:
+/// at load where the values are copied (norms, repacked blocks, converted
+/// tensors), else when the logits come out not finite (their cause then
+/// found among the weights).
+#[test]
+fn non_finite_weights_are_named() {
+    let t = "t.gguf: tensor";
+    for (v, shown) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf"), (f32::NEG_INFINITY, "-inf")] {
+        // a norm, copied at load
+        let bytes = tiny_llama_with("blk.0.ffn_norm.weight", |b| poke(b, 4 * 7, v, false));
+        let err = run_error(bytes, ConvertType::Q4_0);
+        assert_eq!(err, format!("{t} 'blk.0.ffn_norm' has a non-finite value ({shown}) at element 7"));
+        // a Q4_1 matrix converted to Q4_0 (by --type q8_0: to Q8_0): block 3's d, block 4's m
+        for ctype in [ConvertType::Q4_0, ConvertType::Q8_0] {
+            let bytes = tiny_llama_with("blk.0.ffn_up.weight", |b| poke(b, 20 * 3, v, true));
+            let err = run_error(bytes, ctype);
+            assert_eq!(err, format!("{t} 'blk.0.ffn_up.weight' has a non-finite scale ({shown}) in block 3"));
+            let bytes = tiny_llama_with("blk.0.ffn_up.weight", |b| poke(b, 20 * 4 + 2, v, true));
+            let err = run_error(bytes, ctype);
+            assert_eq!(err, format!("{t} 'blk.0.ffn_up.weight' has a non-finite scale ({shown}) in block 4"));
+        }
+        // an F32 matrix converted (--requantize): the value
+        let bytes = tiny_llama_edited(&[], &[], |tensors| {
+            let up = tensors.iter_mut().find(|t| t.0 == "blk.0.ffn_up.weight").unwrap();
+            let mut values = vec![0.01f32; (D * F) as usize];
+            values[D as usize * 300 + 5] = v;
+            *up = (up.0, GgmlType::F32, up.2.clone(), f32_bytes(&values));
+        });
+        let opts = ImportOptions { requantize: true, ..ImportOptions::new(ConvertType::Q4_0) };
+        let err = import_model(Gguf::from_bytes(bytes, "t.gguf").unwrap(), &opts).err().unwrap();
+        let at = D * 300 + 5;
+        assert_eq!(err, format!("{t} 'blk.0.ffn_up.weight' has a non-finite value ({shown}) at element {at}"));
+    }
+    // a Q8_0 matrix used as stored (the attention's output, in Q8_0 here):
+    // its block 5's scale, found as it is repacked (builds with eight-row
+    // kernels) or once the logits are NaN
+    let bytes = tiny_llama_edited(&[], &[], |tensors| {
+        let o = tensors.iter_mut().find(|t| t.0 == "blk.0.attn_output.weight").unwrap();
+        let mut q8: Vec<u8> = (0..(D * 4 * HD / 32) as usize)
+            .flat_map(|i| {
+                let mut b = half::f16::from_f32(0.01).to_le_bytes().to_vec();
+                b.extend((0..32).map(|j| ((i * 7 + j * 13) % 200) as u8));
+                b
+            })
+            .collect();
+        poke(&mut q8, 34 * 5, f32::INFINITY, true);
+        *o = (o.0, GgmlType::Q8_0, o.2.clone(), q8);
+    });
+    let err = run_error(bytes, ConvertType::Auto);
+    assert!(err.starts_with(&format!("{t} 'blk.0.attn_o' has a non-finite scale (inf) in block 5")), "{err}");
+    // a Q6_K embedding's (tied: also the output's) block 9, whose d is last
+    let bytes = tiny_llama_with("token_embd.weight", |b| poke(b, 210 * 9 + 208, f32::NAN, true));
+    let err = run_error(bytes, ConvertType::Auto);
+    assert!(err.starts_with(&format!("{t} 'token_embd' has a non-finite scale (NaN) in block 9")), "{err}");
+}
+
+/// The same in a saved `.mlb`, whose matrices are in eight-row groups:
+/// used in place (named once the logits are NaN, the block counted in
+/// row-major order all the same) or de-interleaved at load.
+#[test]
+fn non_finite_scales_in_eight_row_groups_are_named() {
+    let dir = std::env::temp_dir().join(format!("krafla-nonfinite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (clean, path) = (dir.join("clean.mlb"), dir.join("m.mlb"));
+    import(tiny_llama(&[], &[]), ConvertType::Q4_0).unwrap().save(&clean).unwrap();
+    // (tensor, bytes of its eight-row group block, blocks a row, row, block)
+    let cases = [("blk.0.ffn_down", 8 * 18, (F / 32) as usize, 13, 6), ("token_embd", 8 * 210, 1, 17, 0)];
+    for (name, group_block, nb, row, block) in cases {
+        let mlb = Mlb::open(&clean).unwrap();
+        let t = mlb.tensor(name).unwrap();
+        assert_eq!(t.layout, Layout::Rows8);
+        // d[row % 8] of group block (row / 8, block): every layout's first field
+        let at = t.start + (row / 8 * nb + block) * group_block + 2 * (row % 8);
+        let mut bytes = std::fs::read(&clean).unwrap();
+        bytes[at..at + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let err = match Model::from_mlb(Arc::new(Mlb::open(&path).unwrap()), LoadOptions::default()) {
+            Err(e) => e,
+            Ok(model) => {
+                let mut st = State::new(&model.config, 8).unwrap();
+                model.forward(&mut st, &[3, 4, 5], LogitsFor::Last).err().unwrap_or_else(|| panic!("{name}"))
+            }
+        };
+        let want =
+            format!("{}: tensor '{name}' has a non-finite scale (inf) in block {}", path.display(), row * nb + block);
+        assert!(err.starts_with(&want), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A finite value the target type cannot hold (an f16 scale overflows) is
+/// an error naming the tensor and block, not an infinite scale.
+#[test]
+fn values_too_large_for_the_conversion_are_named() {
+    let bytes = tiny_llama_edited(&[], &[], |tensors| {
+        let up = tensors.iter_mut().find(|t| t.0 == "blk.0.ffn_up.weight").unwrap();
+        let mut values = vec![0.01f32; (D * F) as usize];
+        values[32 * 11 + 4] = 1e10;
+        *up = (up.0, GgmlType::F32, up.2.clone(), f32_bytes(&values));
+    });
+    let g = Gguf::from_bytes(bytes, "t.gguf").unwrap();
+    let opts = ImportOptions { requantize: true, ..ImportOptions::new(ConvertType::Q8_0) };
+    let err = import_model(g, &opts).err().unwrap();
+    assert_eq!(
+        err,
+        "t.gguf: tensor 'blk.0.ffn_up.weight' has values too large for q8_0 (its f16 scale overflows) in block 11"
+    );
+}
+
+/// Finite weights whose activations overflow: the logits say so, every
+/// weight being finite; finite logits pass as they are.
+#[test]
+fn overflowing_activations_are_told_apart_from_weights() {
+    // a huge (finite) output norm: the head's input overflows f32
+    let bytes = tiny_llama_with("output_norm.weight", |b| {
+        b.chunks_exact_mut(4).for_each(|v| v.copy_from_slice(&f32::MAX.to_le_bytes()))
+    });
+    let err = run_error(bytes, ConvertType::Q4_0);
+    assert!(
+        err.starts_with("the logits at position 2 are not finite (")
+            && err.ends_with("while every weight is finite: the activations overflowed"),
+        "{err}"
+    );
+    let model =
+        Model::from_mlb(Arc::new(import(tiny_llama(&[], &[]), ConvertType::Q4_0).unwrap()), LoadOptions::default())
+            .unwrap();
+    let mut st = State::new(&model.config, 8).unwrap();
+    let logits = model.forward(&mut st, &[3, 4, 5], LogitsFor::All).unwrap();
+    let mut st2 = State::new(&model.config, 8).unwrap();
+    let direct = model
+        .forward_batch(&mut [crate::model::Segment { state: &mut st2, tokens: &[3, 4, 5], want: LogitsFor::All }])
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(
+        logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(model.check_logits(&[0.0, -3e38, 3e38, f32::MIN_POSITIVE], 0), Ok(()));
+    let v = V as usize;
+    let mut bad = vec![1.0f32; 2 * v];
+    bad[v + 7] = f32::NEG_INFINITY;
+    let err = model.check_logits(&bad, 10).unwrap_err();
+    assert!(err.starts_with("the logits at position 11 are not finite (-inf for token 7)"), "{err}");
 }

@@ -24,9 +24,18 @@ pub struct Segment<'a> {
 impl Model {
     /// Runs `tokens` (positions state.pos ..) through the model, appending to
     /// the cache, and returns logits [n][V] for the positions asked for.
+    /// Logits that are not finite are an error (`check_logits`: a weight
+    /// that is not, or the activations' overflow), and the state is back
+    /// where it was.
     pub fn forward(&self, st: &mut State, tokens: &[u32], want: LogitsFor) -> Result<Vec<f32>, String> {
-        let mut one = [Segment { state: st, tokens, want }];
-        Ok(self.forward_batch(&mut one)?.pop().unwrap_or_default())
+        let before = st.pos;
+        let logits = self.forward_batch(&mut [Segment { state: st, tokens, want }])?.pop().unwrap_or_default();
+        let rows = logits.len() / self.config.vocab_size.max(1);
+        if let Err(e) = self.check_logits(&logits, st.pos - rows) {
+            st.truncate(before);
+            return Err(e);
+        }
+        Ok(logits)
     }
 
     /// Runs the new tokens of several sequences through the model in one
@@ -132,6 +141,15 @@ impl Model {
             if c.final_softcap > 0.0 {
                 let cap = c.final_softcap;
                 logits.iter_mut().for_each(|v| *v = cap * libm::tanhf(*v / cap));
+            }
+            // The activation quantiser passes NaN over, so a hidden state
+            // that is not finite (a NaN or infinite weight's, or an
+            // overflow's) would give finite logits of no meaning: they are
+            // made NaN, for `check_logits` to see.
+            for (h, row) in normed.chunks_exact(d).zip(logits.chunks_exact_mut(c.vocab_size)) {
+                if h.iter().any(|v| !v.is_finite()) {
+                    row.fill(f32::NAN);
+                }
             }
         }
         let mut rest = &logits[..];

@@ -13,7 +13,7 @@
 //! to bottom), `attention`, `rope`, `deltanet` (the token mixers).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 mod attention;
 mod config;
@@ -45,6 +45,9 @@ pub struct Model {
     layers: Vec<Layer>,
     /// What each matrix's inputs were, when recorded (`record_inputs`).
     input_stats: Option<InputStats>,
+    /// The first weight tensor that is not finite, looked for the first
+    /// time the logits were not (`check_logits`).
+    nonfinite_weight: OnceLock<Option<String>>,
 }
 
 /// Which positions of a forward call need logits.
@@ -112,6 +115,29 @@ impl Model {
             let names: Vec<String> = kinds.iter().map(|k| format!("blk.{l}.{k}")).collect();
             s.add(&names, x, cols);
         }
+    }
+
+    /// Ok when every logit of `logits` (rows of the vocabulary's size, for
+    /// positions `first_position ..`) is a finite number; else why not, as
+    /// one line: the first weight tensor holding a NaN or infinite value or
+    /// scale (looked for once, then remembered), or, every weight being
+    /// finite, the activations' overflow at that position. One pass over
+    /// the logits when they are finite; they are not changed.
+    pub fn check_logits(&self, logits: &[f32], first_position: usize) -> Result<(), String> {
+        if crate::quant::all_finite(logits) {
+            return Ok(());
+        }
+        let i = logits.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        let vocab = self.config.vocab_size.max(1);
+        let (position, id) = (first_position + i / vocab, i % vocab);
+        Err(match self.nonfinite_weight.get_or_init(|| self.nonfinite_weight()) {
+            Some(weight) => format!("{weight}, so the logits at position {position} are not finite"),
+            None => format!(
+                "the logits at position {position} are not finite ({} for token {id}) while every weight is finite: \
+                 the activations overflowed",
+                logits[i]
+            ),
+        })
     }
 
     /// Number of weights (parameters) in the file.

@@ -14,9 +14,9 @@ use super::Model;
 use crate::format::mlb::{rows8_block_bytes, Layout, Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    deinterleave_x8, dequant_q4, dequant_q4k, dequant_q6k, dequant_q8, rebias_q8_x8, repack_q4_x8, repack_q4k_x8,
-    repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K,
-    BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, QK, QK_K, ROWS8,
+    deinterleave_x8, dequant_q4, dequant_q4k, dequant_q6k, dequant_q8, nonfinite_block, nonfinite_scale_error,
+    rebias_q8_x8, repack_rows8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K,
+    BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, Scaled, Scales, QK, QK_K, ROWS8,
 };
 
 /// A weight matrix: the tensor in the mapped file, where the kernels read
@@ -265,7 +265,16 @@ impl Model {
                 ffn_post_norm: sandwich("ffn_post_norm")?,
             });
         }
-        Ok(Model { file, config, token_embd, output_norm, output, layers, input_stats: None })
+        Ok(Model {
+            file,
+            config,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            input_stats: None,
+            nonfinite_weight: std::sync::OnceLock::new(),
+        })
     }
 
     /// Borrow a stored matrix in its type. Alignment and size were checked at load.
@@ -356,10 +365,14 @@ fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
 }
 
 /// All rows of a `rows8` tensor in the plain layout: its groups (Q8_0 with
-/// bias 0) de-interleaved, then its plain tail rows.
+/// bias 0) de-interleaved, then its plain tail rows; every block's scales
+/// checked on the way.
 fn plain_copy<X: Rows8>(groups: &[u8], tail: &[u8], nb: usize, what: &str) -> Result<Vec<X::Row>, String> {
-    let mut rows = deinterleave_x8::<X>(cast(groups), nb, 0, what)?;
+    let mut rows = deinterleave_x8::<X>(cast(groups), nb, 0, Scales::Finite, what)?;
     let tail: &[X::Row] = cast(tail);
+    if let Some((b, d)) = nonfinite_block(tail) {
+        return Err(nonfinite_scale_error(what, rows.len() + b, d));
+    }
     rows.try_reserve_exact(tail.len()).map_err(|_| format!("out of memory de-interleaving {what}"))?;
     rows.extend_from_slice(tail);
     Ok(rows)
@@ -413,12 +426,16 @@ impl Loader<'_> {
         if t.layout == Layout::Rows8 {
             self.stored_groups(&mut m, kernels_read_groups, &what)?;
         } else if self.repack && kernels_read_groups && rows >= ROWS8 {
+            // (every block's scales checked as it is copied: the blocks are read anyway)
+            fn repack<X: Rows8>(bytes: &[u8], nb: usize, what: &str) -> Result<Vec<X>, String> {
+                repack_rows8(cast(bytes), nb, Arch::Q8_X8_BIAS, Scales::Finite, what)
+            }
             let bytes = self.file.tensor_bytes(t);
             m.groups = Groups::Copy(Arc::new(match t.ttype {
-                TensorType::Q8_0 => PackedRows::Q8(repack_q8_x8(cast(bytes), cols / QK, Arch::Q8_X8_BIAS, &what)?),
-                TensorType::Q4_0 => PackedRows::Q4(repack_q4_x8(cast(bytes), cols / QK, &what)?),
-                TensorType::Q4K => PackedRows::Q4K(repack_q4k_x8(cast(bytes), cols / QK_K, &what)?),
-                _ => PackedRows::Q6K(repack_q6k_x8(cast(bytes), cols / QK_K, &what)?),
+                TensorType::Q8_0 => PackedRows::Q8(repack(bytes, cols / QK, &what)?),
+                TensorType::Q4_0 => PackedRows::Q4(repack(bytes, cols / QK, &what)?),
+                TensorType::Q4K => PackedRows::Q4K(repack(bytes, cols / QK_K, &what)?),
+                _ => PackedRows::Q6K(repack(bytes, cols / QK_K, &what)?),
             }));
         }
         Ok(m)
@@ -444,7 +461,7 @@ impl Loader<'_> {
             m.plain_from = whole;
             m.groups = match m.ttype {
                 TensorType::Q8_0 if Arch::Q8_X8_BIAS != 0 => {
-                    let copy = rebias_q8_x8(cast(groups), Arch::Q8_X8_BIAS, what)?;
+                    let copy = rebias_q8_x8(cast(groups), nb, Arch::Q8_X8_BIAS, Scales::Finite, what)?;
                     Groups::Copy(Arc::new(PackedRows::Q8(copy)))
                 }
                 _ => Groups::File { start: m.start, len: groups_len },
@@ -474,14 +491,22 @@ impl Loader<'_> {
         self.floats(name, t)
     }
 
+    /// The values of a small f32/f16 tensor, every one finite (a NaN or
+    /// infinite norm weight would make every later value NaN).
     fn floats(&self, name: &str, t: &TensorInfo) -> Result<Vec<f32>, String> {
         let bytes = self.file.tensor_bytes(t);
-        match t.ttype {
-            TensorType::F32 => Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()),
+        let values: Vec<f32> = match t.ttype {
+            TensorType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
             TensorType::F16 => {
-                Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect())
+                bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect()
             }
-            other => Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name())),
+            other => {
+                return Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name()))
+            }
+        };
+        match values.iter().position(|v| !v.is_finite()) {
+            Some(i) => Err(nonfinite_value_error(&format!("{}: tensor '{name}'", self.file.path), i, values[i])),
+            None => Ok(values),
         }
     }
 
@@ -496,5 +521,85 @@ impl Loader<'_> {
             out.iter_mut().for_each(|v| *v += 1.0);
         }
         Ok(out)
+    }
+}
+
+/// The error of element `i` of `what` being `v`, not a finite number.
+fn nonfinite_value_error(what: &str, i: usize, v: f32) -> String {
+    format!("{what} has a non-finite value ({v}) at element {i}")
+}
+
+impl Model {
+    /// The first tensor of the file (in file order) holding a value or a
+    /// block scale that is NaN or infinite, as an error naming it; None
+    /// when every one is finite. Reads every tensor's values or scales
+    /// (the whole file: done only once the logits are not finite).
+    pub(super) fn nonfinite_weight(&self) -> Option<String> {
+        use rayon::prelude::*;
+        let file = &self.file;
+        file.tensors.par_iter().find_map_first(|t| {
+            let what = format!("{}: tensor '{}'", file.path, t.name);
+            let bytes = file.tensor_bytes(t);
+            match t.ttype {
+                TensorType::F32 => bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite())
+                    .map(|(i, v)| nonfinite_value_error(&what, i, v)),
+                TensorType::F16 => bytes
+                    .chunks_exact(2)
+                    .map(|b| f16::from_le_bytes(b.try_into().unwrap()))
+                    .enumerate()
+                    .find(|(_, v)| !v.is_finite())
+                    .map(|(i, v)| nonfinite_value_error(&what, i, v.to_f32())),
+                _ => nonfinite_scale_in(t, bytes).map(|(b, d)| nonfinite_scale_error(&what, b, d)),
+            }
+        })
+    }
+}
+
+/// The first block (row-major) of a quantised tensor whose scale is not
+/// finite, and that scale, whatever its layout (plain rows, or eight-row
+/// groups and then the tail rows).
+fn nonfinite_scale_in(t: &TensorInfo, bytes: &[u8]) -> Option<(usize, f32)> {
+    fn plain<B: Scaled + bytemuck::Pod>(bytes: &[u8]) -> Option<(usize, f32)> {
+        // (read unaligned: the tensors a model uses were checked, but this reads every one)
+        let block = std::mem::size_of::<B>();
+        bytes.chunks_exact(block).enumerate().find_map(|(i, b)| {
+            let b: B = bytemuck::pod_read_unaligned(b);
+            Some((i, b.nonfinite_scale()?))
+        })
+    }
+    fn grouped<X: Rows8>(bytes: &[u8], rows: usize, nb: usize) -> Option<(usize, f32)> {
+        let nb = nb.max(1);
+        let groups_len = rows / ROWS8 * nb * std::mem::size_of::<X>();
+        let (groups, tail) = bytes.split_at(groups_len.min(bytes.len()));
+        let in_groups = groups.chunks_exact(std::mem::size_of::<X>()).enumerate().filter_map(|(i, x)| {
+            let (k, d) = bytemuck::pod_read_unaligned::<X>(x).nonfinite_row()?;
+            Some(((i / nb * ROWS8 + k) * nb + i % nb, d))
+        });
+        // the first in row-major order: the least index over the groups, then the tail's
+        in_groups
+            .min_by_key(|&(b, _)| b)
+            .or_else(|| plain::<X::Row>(tail).map(|(b, d)| (rows / ROWS8 * ROWS8 * nb + b, d)))
+    }
+    let (rows, cols) = match t.dims[..] {
+        [rows, cols] => (rows as usize, cols as usize),
+        _ => (1, 0),
+    };
+    match (t.layout, t.ttype) {
+        (Layout::Rows8, TensorType::Q8_0) => grouped::<BlockQ8_0x8>(bytes, rows, cols / QK),
+        (Layout::Rows8, TensorType::Q4_0) => grouped::<BlockQ4_0x8>(bytes, rows, cols / QK),
+        (Layout::Rows8, TensorType::Q4K) => grouped::<BlockQ4Kx8>(bytes, rows, cols / QK_K),
+        (Layout::Rows8, TensorType::Q6K) => grouped::<BlockQ6Kx8>(bytes, rows, cols / QK_K),
+        (_, TensorType::Q8_0) => plain::<BlockQ8_0>(bytes),
+        (_, TensorType::Q4_0) => plain::<BlockQ4_0>(bytes),
+        (_, TensorType::Q8_0F32) => plain::<BlockQ8_0F32>(bytes),
+        (_, TensorType::Q4_0F32) => plain::<BlockQ4_0F32>(bytes),
+        (_, TensorType::Q4K) => plain::<BlockQ4K>(bytes),
+        (_, TensorType::Q5K) => plain::<BlockQ5K>(bytes),
+        (_, TensorType::Q6K) => plain::<BlockQ6K>(bytes),
+        (_, TensorType::F32 | TensorType::F16) => None,
     }
 }

@@ -411,7 +411,12 @@ impl Engine {
             Ok(logits) => {
                 let secs = t0.elapsed().as_secs_f64();
                 for (part, logits) in parts.iter().zip(logits) {
-                    self.advance(part, logits, secs);
+                    // logits that are not finite fail their request only
+                    let rows = logits.len() / self.model.config.vocab_size.max(1);
+                    match self.model.check_logits(&logits, self.slots[part.slot].seq.state().pos - rows) {
+                        Ok(()) => self.advance(part, logits, secs),
+                        Err(e) => self.fail(part.slot, &e),
+                    }
                 }
             }
             Err(e) => {
@@ -426,6 +431,20 @@ impl Engine {
                     }
                 }
             }
+        }
+    }
+
+    /// Ends slot `i`'s request with the error `e` (an HTTP 500, or an error
+    /// event when streaming) and forgets what its cache holds.
+    fn fail(&mut self, i: usize, e: &str) {
+        let slot = &mut self.slots[i];
+        slot.seq.reset();
+        slot.idle_since = self.steps;
+        if let Some(a) = slot.active.take() {
+            self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
+            self.accepted.fetch_sub(1, Ordering::SeqCst);
+            super::log(&format!("krafla: request {}: {e}", a.job.id));
+            let _ = a.job.events.send(Event::Error(e.to_string()));
         }
     }
 
