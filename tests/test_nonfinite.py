@@ -119,6 +119,17 @@ def scale_at(name, at, value):
     return poison
 
 
+def k_quant_at(name, rows, cols, at, value):
+    """A poison: the float tensor `name` replaced by random Q4_K blocks, the f16 at byte `at` set."""
+    import gguf
+
+    def poison(tensors):
+        array = k_quant_bytes(np.random.default_rng(5), rows, cols, "Q4_K")
+        set_f16(array, at, value)
+        tensors[name] = (array, gguf.GGMLQuantizationType.Q4_K)
+    return poison
+
+
 # (embedding type, poison, the tensor and what the error says of it[, options])
 CASES = {
     "f32 embedding NaN": ("F32", nan_at("token_embd.weight", BAD, 3),
@@ -139,6 +150,12 @@ CASES = {
     # row 9's second super-block's d (the last 2 of its 210 bytes)
     "q6_k scale NaN": ("F32", scale_at("blk.0.ffn_down.weight", 210 * (9 * F // 256 + 1) + 208, np.nan),
                        f"tensor 'blk.0.ffn_down' has a non-finite scale (NaN) in block {9 * F // 256 + 1}"),
+    # in matrices read in place whose output goes into another product (the activation
+    # quantiser would pass the NaN over): carried to the hidden state, found from the logits
+    "f32 attn_q NaN": ("F32", nan_at("blk.0.attn_q.weight", 5, 3),
+                       f"tensor 'blk.0.attn_q' has a non-finite value (NaN) at element {5 * D + 3}"),
+    "q4_k ffn_gate scale NaN": ("F32", k_quant_at("blk.1.ffn_gate.weight", F, D, 144 * 3, np.nan),
+                                "tensor 'blk.1.ffn_gate' has a non-finite scale (NaN) in block 3"),
     # converted at load (F32 -> Q4_0): the value, named by its GGUF name
     "converted NaN": ("F32", nan_at("blk.1.ffn_gate.weight", 3, 2),
                       f"tensor 'blk.1.ffn_gate.weight' has a non-finite value (NaN) at element {3 * D + 2}",

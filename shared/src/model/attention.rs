@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::config::{Config, LayerKind};
+use super::forward::carry_non_finite;
 use super::kvcache::KvCache;
 use super::rope::RopeTables;
 use super::weights::AttentionWeights;
@@ -79,6 +80,7 @@ impl Model {
         }
         self.record(l, &["attn_o"], &att, c.q_dim());
         matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
+        carry_non_finite(&att, c.q_dim(), out, c.hidden_size);
     }
 }
 

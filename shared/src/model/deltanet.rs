@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::forward::carry_non_finite;
 use super::weights::DeltaNetWeights;
 use super::{Model, Segment};
 use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
@@ -88,6 +89,7 @@ impl Model {
         }
         self.record(l, &["ssm_out"], &core, dn.value_dim());
         matmul(&self.mat(&w.out), &Input::new(&core, dn.value_dim()), out);
+        carry_non_finite(&core, dn.value_dim(), out, c.hidden_size);
     }
 }
 

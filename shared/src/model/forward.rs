@@ -109,6 +109,7 @@ impl Model {
             });
             self.record(l, &["ffn_down"], &gate, c.ffn_dim);
             matmul(&self.mat(&layer.ffn_down), &Input::new(&gate, c.ffn_dim), &mut proj);
+            carry_non_finite(&gate, c.ffn_dim, &mut proj, d);
             if let Some(w) = &layer.ffn_post_norm {
                 let tmp = proj.clone();
                 rmsnorm_rows(&tmp, w, c.norm_eps, &mut proj, d);
@@ -166,4 +167,20 @@ impl Model {
 
 pub(super) fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
     out.par_chunks_mut(d).zip(x.par_chunks(d)).with_min_len(8).for_each(|(o, r)| Arch::rmsnorm(r, w, eps, o));
+}
+
+/// Makes the rows of a product's output `out` NaN where the same row of its
+/// input `input` is not finite. The activation quantiser passes NaN and
+/// infinities over, so without this a matrix read in place whose block
+/// scale is NaN (no load step checks it) would give a finite output to the
+/// next product and silent garbage; with it the hidden state, then the
+/// logits, show it, and `check_logits` names the tensor. One pass over the
+/// input's exponent bits (they vectorise); finite rows are left as they are.
+pub(super) fn carry_non_finite(input: &[f32], in_width: usize, out: &mut [f32], out_width: usize) {
+    const EXPONENT: u32 = 0x7f80_0000;
+    for (row, o) in input.chunks_exact(in_width).zip(out.chunks_exact_mut(out_width)) {
+        if row.iter().map(|v| v.to_bits() & EXPONENT).max() == Some(EXPONENT) {
+            o.fill(f32::NAN);
+        }
+    }
 }
