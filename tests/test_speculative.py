@@ -38,7 +38,8 @@ def test_greedy_output_is_identical_with_and_without_speculation_on_every_x86_bu
 
 def generate(model, prompt, n, *extra):
     """(stdout, (drafted, accepted) or None) of `ml_run MODEL -f PROMPT -n N`, greedy."""
-    p = run_ml(model, "-f", prompt, "-n", n, "-t", 2, *extra)
+    # the prompts spell out SmolLM2's chat format: its control tokens are read as such
+    p = run_ml(model, "-f", prompt, "--parse-special", "-n", n, "-t", 2, *extra)
     m = SPEC_LINE.search(p.stderr)
     return p.stdout, (int(m[1]), int(m[2])) if m else None
 
@@ -76,8 +77,8 @@ def test_a_seed_fixes_the_sampled_output_with_or_without_speculation(smollm2_ggu
     prompt = REPO / "tools" / "speculative_prompts" / "multi_turn.txt"
 
     def sample(*extra, seed=5, threads=2):
-        p = run_ml(smol("q8_0"), "-z", smol("mlt"), "-f", prompt, "-n", 64, "-t", threads, "--temp", 0.8,
-                   "--seed", seed, "--print-ids", *extra)
+        p = run_ml(smol("q8_0"), "-z", smol("mlt"), "-f", prompt, "--parse-special", "-n", 64, "-t", threads,
+                   "--temp", 0.8, "--seed", seed, "--print-ids", *extra)
         m = SPEC_LINE.search(p.stderr)
         return p.stdout, (int(m[1]), int(m[2])) if m else None
 

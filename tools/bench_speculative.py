@@ -21,7 +21,9 @@ SPEC = re.compile(r"speculative: drafted (\d+), accepted (\d+)")
 
 def run(exe, model, prompt, n, threads, extra):
     """(text, tokens generated, tokens/s, (drafted, accepted) or None)."""
-    cmd = [str(exe), str(model), "-f", str(prompt), "-n", str(n), "-t", str(threads), *map(str, extra)]
+    # the prompts spell out SmolLM2's chat format: --parse-special reads its control tokens as such
+    cmd = [str(exe), str(model), "-f", str(prompt), "--parse-special", "-n", str(n), "-t", str(threads),
+           *map(str, extra)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr}")
