@@ -15,13 +15,19 @@ STATUS = re.compile(r"\[prompt (\d+) tokens \((\d+) cached\), [\d.]+ tokens/s; a
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
 
-@pytest.fixture
-def chat(smollm2_gguf):
-    """A chat with the SmolLM2 GGUF on a pty (greedy; answers of at most 400 tokens)."""
-    c = pexpect.spawn(str(ml_bin()), [str(smollm2_gguf), "--type", "q8_0", "-n", "400"],
+def spawn_chat(model, max_tokens):
+    """A chat with `model` on a pty (greedy; answers of at most `max_tokens` tokens), at its prompt."""
+    c = pexpect.spawn(str(ml_bin()), [str(model), "--type", "q8_0", "-n", str(max_tokens)],
                       encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
     c.expect("chatting")
     c.expect("> ")
+    return c
+
+
+@pytest.fixture
+def chat(smollm2_gguf):
+    """A chat with the SmolLM2 GGUF (answers of at most 400 tokens)."""
+    c = spawn_chat(smollm2_gguf, 400)
     yield c
     c.close(force=True)
 
@@ -109,11 +115,8 @@ def test_lines_typed_ahead_are_kept(chat):
 
 @pytest.fixture
 def terse_chat(smollm2_gguf):
-    """A chat with the SmolLM2 GGUF on a pty (answers of one token: the tests count prompt tokens)."""
-    c = pexpect.spawn(str(ml_bin()), [str(smollm2_gguf), "--type", "q8_0", "-n", "1"],
-                      encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
-    c.expect("chatting")
-    c.expect("> ")
+    """A chat with the SmolLM2 GGUF whose answers are one token: the tests count prompt tokens."""
+    c = spawn_chat(smollm2_gguf, 1)
     yield c
     c.close(force=True)
 

@@ -277,7 +277,7 @@ impl ModelFile {
         let mut head = [0u8; 4];
         let n = std::fs::File::open(path)
             .and_then(|mut f| f.read(&mut head))
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
         if Gguf::sniff(&head[..n]) {
             Ok(ModelFile::Gguf(Box::new(Gguf::open(path)?)))
         } else {
