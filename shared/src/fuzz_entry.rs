@@ -5,7 +5,7 @@
 //! beyond the fuzzer's limit is a bug.
 
 use crate::app::escape_line;
-use crate::app::server::{api, http};
+use crate::app::server::{fields, http, request};
 use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt;
@@ -100,10 +100,10 @@ pub fn http_head(data: &[u8]) {
 
 /// A request body of the API: the JSON object, then the request of both endpoints.
 pub fn json_request(data: &[u8]) {
-    if let Ok(obj) = api::parse_object(data) {
+    if let Ok(obj) = fields::parse_object(data) {
         for chat in [false, true] {
-            let server = api::ServerDefaults { seed: 7, timeout: None, received: std::time::Instant::now() };
-            let _ = api::parse_request(&obj, chat, &server);
+            let server = request::ServerDefaults { seed: 7, timeout: None, received: std::time::Instant::now() };
+            let _ = request::parse_request(&obj, chat, &server);
         }
     }
 }

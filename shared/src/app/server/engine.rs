@@ -21,98 +21,16 @@ use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::job::{Event, GenParams, Job, TokenLogprob};
 use super::metrics::Metrics;
 use crate::generate::{
     forward_sequences, verify, DecodeParams, Decoding, Draft, Finish, Sequence, SpecStats, Speculator, TextStream,
     Token,
 };
-use crate::grammar::{Constrained, Grammar, Vocab};
+use crate::grammar::{Constrained, Vocab};
 use crate::model::{LogitsFor, Model};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
-
-/// Sampling and stopping settings of one request.
-#[derive(Clone, Debug)]
-pub struct GenParams {
-    pub max_tokens: usize,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: usize,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub seed: u64,
-    pub stop: Vec<String>,
-    /// Some(k): report each generated token's log-probability and the top k alternatives.
-    pub logprobs: Option<usize>,
-    /// Generate past the end-of-text and end-of-turn tokens (llama.cpp's `ignore_eos`).
-    pub ignore_eos: bool,
-    /// Seconds the request may take, from its arrival to its last token.
-    pub timeout: Option<f64>,
-    /// Fewest and most tokens drafted per pass, where the server drafts
-    /// (llama.cpp's `speculative.n_min`, `speculative.n_max`); None: the
-    /// server's `--draft-min`, `--draft-max`.
-    pub draft_sizes: (Option<usize>, Option<usize>),
-    /// The grammar the output must match (`response_format`).
-    pub grammar: Option<Arc<Grammar>>,
-}
-
-/// Log-probability of one generated token (natural log, from the raw logits).
-#[derive(Clone, Debug)]
-pub struct TokenLogprob {
-    pub bytes: Vec<u8>,
-    /// Where the token starts in the generated text, in characters (Unicode
-    /// code points, as a Python or JSON client counts them): the characters
-    /// completed by the tokens before it. A token that starts inside a
-    /// character has that character's offset; the character belongs to the
-    /// token that completes it, as in the streamed deltas.
-    pub text_offset: usize,
-    pub logprob: f64,
-    /// The k most likely tokens at this position: (bytes, logprob).
-    pub top: Vec<(Vec<u8>, f64)>,
-}
-
-/// What the worker reports back to the connection that submitted a job.
-#[derive(Debug)]
-pub enum Event {
-    /// The job has a slot and its prompt is being evaluated.
-    Started,
-    /// New text (possibly empty) and the logprobs of the token that produced it.
-    Delta {
-        text: String,
-        logprobs: Option<TokenLogprob>,
-    },
-    Done {
-        finish: Finish,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        cached_tokens: usize,
-    },
-    Error(String),
-}
-
-pub struct Job {
-    /// The request's id, for the access log.
-    pub id: String,
-    pub prompt: Vec<u32>,
-    /// The prompt's text for the access log (`--log-prompts`), else None.
-    pub prompt_text: Option<String>,
-    pub params: GenParams,
-    pub events: Sender<Event>,
-    /// Set by the connection when its client disconnects (or its deadline
-    /// passed while it waited).
-    pub cancel: Arc<AtomicBool>,
-    /// True while the job waits in the queue; the first to clear it (the
-    /// worker taking it, or its connection withdrawing it) counts it out of
-    /// the queue.
-    pub queued: Arc<AtomicBool>,
-    pub received: Instant,
-}
-
-impl Job {
-    fn deadline(&self) -> Option<Instant> {
-        self.params.timeout.map(|s| self.received + std::time::Duration::from_secs_f64(s))
-    }
-}
 
 /// The submitting side of the worker's queue.
 #[derive(Clone)]

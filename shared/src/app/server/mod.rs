@@ -14,17 +14,25 @@
 //! ourselves is only framing: Content-Length bodies (chunked request bodies
 //! get 411), and chunked transfer encoding for streamed answers.
 //!
-//! Modules: `http` (socket I/O, limits, timeouts), `api` (OpenAI request
-//! validation and answer shapes), `engine` (the generation worker: the
-//! `--parallel` slots decoded in one batch), `serve` (one generation request
-//! from queue to answer), `metrics` (`/metrics`), `tokens` (llama.cpp's
+//! Modules: `http` (socket I/O, limits, timeouts); the OpenAI wire format,
+//! which knows nothing of the worker: `fields` (reading a body field by
+//! field), `request` (a generation request validated), `response` (the
+//! answer's and the stream chunks' JSON), `error` (the error answer); `job`
+//! (what a connection and the worker pass each other); `engine` (the
+//! generation worker: the `--parallel` slots decoded in one batch); `serve`
+//! (one generation request from queue to answer, through one sink for a
+//! stream or a whole answer); `metrics` (`/metrics`); `tokens` (llama.cpp's
 //! `/tokenize` and `/detokenize`). Conversations are formatted by
 //! `crate::chat`.
 
-pub(crate) mod api;
 mod engine;
+mod error;
+pub(crate) mod fields;
 pub(crate) mod http;
+mod job;
 mod metrics;
+pub(crate) mod request;
+mod response;
 mod serve;
 mod tokens;
 
@@ -44,8 +52,8 @@ use crate::chat::Template;
 use crate::generate::Sequence;
 use crate::kernels::ISA;
 use crate::tokenizer::Tokenizer;
-use api::ApiError;
 use engine::{Engine, Queue};
+use error::ApiError;
 use http::{Limits, ReadError, Request, Response};
 
 /// The chat page, compiled in.

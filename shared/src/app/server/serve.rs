@@ -11,9 +11,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::api::{self, ApiError, GenRequest, Meta, Prompt, ToolChoice};
-use super::engine::{Event, Job, TokenLogprob};
+use super::error::ApiError;
+use super::fields::parse_object;
 use super::http::{self, Request, Response, StreamWriter};
+use super::job::{Event, Job, TokenLogprob};
+use super::request::{grammar_error, parse_request, GenRequest, Prompt, ServerDefaults, ToolChoice};
+use super::response::{usage, Reply};
 use super::{unix_now, Server};
 use crate::chat::{CallSyntax, Tool, ToolCall};
 use crate::generate::Finish;
@@ -51,9 +54,9 @@ fn prepare(
     chat: bool,
     received: Instant,
 ) -> Result<(GenRequest, Vec<u32>, Option<CallSyntax>), ApiError> {
-    let obj = api::parse_object(&req.body)?;
-    let server = api::ServerDefaults { seed: unique(), timeout: srv.request_timeout, received };
-    let mut greq = api::parse_request(&obj, chat, &server)?;
+    let obj = parse_object(&req.body)?;
+    let server = ServerDefaults { seed: unique(), timeout: srv.request_timeout, received };
+    let mut greq = parse_request(&obj, chat, &server)?;
     let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
     let mut calls = None;
     let ids = match &greq.prompt {
@@ -76,7 +79,7 @@ fn prepare(
                 text.push_template(syntax.forced_prefix());
                 // a named function is called once (OpenAI's meaning)
                 let parallel = greq.parallel_tool_calls && greq.tool_choice == ToolChoice::Required;
-                let g = syntax.grammar(&forced, parallel, deadline).map_err(|e| api::grammar_error("tools", e))?;
+                let g = syntax.grammar(&forced, parallel, deadline).map_err(|e| grammar_error("tools", e))?;
                 greq.params.grammar = Some(Arc::new(g));
             }
             if !shown.is_empty() {
@@ -147,9 +150,115 @@ fn sse(v: &Value) -> Vec<u8> {
     format!("data: {v}\n\n").into_bytes()
 }
 
+/// The client hung up: its job stops before the next token.
+struct Gone;
+
+/// Where one answer goes: a whole JSON body at the end, or, for a stream,
+/// server-sent events from the moment the request gets a slot (until then
+/// it can still be answered with a plain error status, and a load balancer
+/// can still retry it elsewhere).
+struct Answer<'a> {
+    srv: &'a Server,
+    socket: &'a mut TcpStream,
+    reply: Reply,
+    /// Some once a stream's head has gone out.
+    events: Option<StreamWriter>,
+}
+
+impl Answer<'_> {
+    /// The request has a slot: a stream's head and (chat) its opening chunk go out.
+    fn start(&mut self, stream: bool, http10: bool) -> Result<(), Gone> {
+        if !stream {
+            return Ok(());
+        }
+        self.srv.queue.metrics.answered(200);
+        let w = StreamWriter::start(self.socket, "text/event-stream", &self.srv.common_headers(), http10)
+            .map_err(|_| Gone)?;
+        let w = self.events.insert(w);
+        if self.reply.chat {
+            w.send(&sse(&self.reply.opening_chunk())).map_err(|_| Gone)?;
+        }
+        Ok(())
+    }
+
+    fn streaming(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Whether the client has hung up.
+    fn gone(&self) -> bool {
+        http::peer_closed(self.events.as_ref().map_or(&*self.socket, |w| w.stream()))
+    }
+
+    /// One piece of a stream's text.
+    fn text(&mut self, text: &str, logprobs: Option<Value>) -> Result<(), Gone> {
+        let chunk = self.reply.text_chunk(text, logprobs);
+        let w = self.events.as_mut().expect("text goes to a stream");
+        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
+            return Err(Gone);
+        }
+        Ok(())
+    }
+
+    /// The end of a text answer: a stream's last chunks, or the whole answer
+    /// (`text` and `logprobs` are the whole answer's; a stream sent them already).
+    fn finish(self, text: &str, finish: Finish, usage: Value, logprobs: Option<Value>) {
+        let Answer { srv, socket, reply, events } = self;
+        match events {
+            Some(mut w) => {
+                let _ = w.send(&sse(&reply.finish_chunk(finish)));
+                if reply.include_usage {
+                    let _ = w.send(&sse(&reply.usage_chunk(usage)));
+                }
+                let _ = w.send(b"data: [DONE]\n\n");
+                let _ = w.end();
+            }
+            None => srv.send(socket, &Response::json(200, &reply.answer(text, finish, usage, logprobs))),
+        }
+    }
+
+    /// The end of a chat answer that called tools: the text before the calls, and the calls.
+    fn finish_calls(self, content: &str, calls: &[ToolCall], usage: Value) {
+        let Answer { srv, socket, reply, events } = self;
+        match events {
+            Some(mut w) => {
+                if !content.is_empty() {
+                    let _ = w.send(&sse(&reply.text_chunk(content, None)));
+                }
+                for c in reply.calls_chunks(calls) {
+                    let _ = w.send(&sse(&c));
+                }
+                if reply.include_usage {
+                    let _ = w.send(&sse(&reply.usage_chunk(usage)));
+                }
+                let _ = w.send(b"data: [DONE]\n\n");
+                let _ = w.end();
+            }
+            None => srv.send(socket, &Response::json(200, &reply.answer_calls(content, calls, usage))),
+        }
+    }
+
+    /// An error: its status while nothing was sent, else an error event
+    /// (and, after the worker's own error, the stream's end marker).
+    fn fail(self, e: ApiError, done_marker: bool) {
+        match self.events {
+            Some(mut w) => {
+                let _ = w.send(&sse(&e.to_json()));
+                if done_marker {
+                    let _ = w.send(b"data: [DONE]\n\n");
+                }
+                let _ = w.end();
+            }
+            None => self.srv.send_error(self.socket, &e),
+        }
+    }
+}
+
+/// Queues the job, then relays the worker's events to the answer until the
+/// job ends, the client hangs up or the deadline passes in the queue.
 fn run(
     srv: &Server,
-    stream: &mut TcpStream,
+    socket: &mut TcpStream,
     req: &Request,
     greq: GenRequest,
     ids: Vec<u32>,
@@ -157,18 +266,20 @@ fn run(
     received: Instant,
 ) {
     let chat = greq.chat;
-    let meta = Meta {
+    let reply = Reply {
         id: format!("{}-{:016x}", if chat { "chatcmpl" } else { "cmpl" }, unique()),
         created: unix_now(),
         model: srv.model_id.clone(),
         fingerprint: srv.fingerprint.clone(),
+        chat,
+        include_usage: greq.include_usage,
     };
     let (tx, rx) = channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let queued = Arc::new(AtomicBool::new(true));
     let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
     let job = Job {
-        id: meta.id.clone(),
+        id: reply.id.clone(),
         prompt_text: srv.log_prompts.then(|| String::from_utf8_lossy(&srv.tokenizer.decode(&ids)).into_owned()),
         prompt: ids,
         params: greq.params.clone(),
@@ -184,185 +295,89 @@ fn run(
             m.slots,
             m.waiting.load(Ordering::SeqCst)
         );
-        return srv.send_error(stream, &ApiError::new(503, "queue_full", msg));
+        return srv.send_error(socket, &ApiError::new(503, "queue_full", msg));
     }
     // Set when the client went away: the worker stops before its next token.
     let hang_up = || cancel.store(true, Ordering::SeqCst);
 
-    let common = srv.common_headers();
-    // A stream's head goes out when its request gets a slot: until then it can
-    // still be answered with a plain error status (and a load balancer can
-    // still retry it elsewhere).
-    let mut writer: Option<StreamWriter> = None;
+    let mut answer = Answer { srv, socket, reply, events: None };
     let mut started = false;
     let want_logprobs = greq.params.logprobs.is_some();
+    // The text not streamed: all of a whole answer, or with tools all of
+    // a stream's (the answer may be calls: it is read whole at the end).
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
-    let mut first = true;
     loop {
         let ev = match rx.recv_timeout(POLL) {
             Ok(ev) => ev,
             Err(RecvTimeoutError::Timeout) => {
-                if http::peer_closed(stream) {
+                if answer.gone() {
                     srv.queue.withdraw(&queued);
                     return hang_up();
                 }
                 if !started && deadline.is_some_and(|d| Instant::now() >= d) {
                     // Its deadline passed while it waited for a slot: it leaves the queue
-                    // (the worker will skip it). Nothing was sent yet (a stream's head goes
-                    // out when it gets a slot).
+                    // (the worker will skip it). Nothing was sent yet.
                     srv.queue.withdraw(&queued);
                     hang_up();
-                    let e = ApiError::new(
-                        503,
-                        "timeout",
-                        "the request's deadline passed before a slot was free; retry later",
-                    );
-                    return srv.send_error(stream, &e);
+                    let msg = "the request's deadline passed before a slot was free; retry later";
+                    return answer.fail(ApiError::new(503, "timeout", msg), false);
                 }
                 continue;
             }
+            // The worker dropped the job without a last word (cancelled, or a bug).
             Err(RecvTimeoutError::Disconnected) => {
-                // The worker dropped the job without a last word (cancelled, or a bug).
                 let e = ApiError::new(500, "server_error", "the generation ended unexpectedly");
-                match writer {
-                    Some(mut w) => {
-                        let _ = w.send(&sse(&e.to_json()));
-                        let _ = w.end();
-                    }
-                    None => srv.send_error(stream, &e),
-                }
-                return;
+                return answer.fail(e, false);
             }
         };
         match ev {
             Event::Started => {
                 started = true;
-                if greq.stream {
-                    srv.queue.metrics.answered(200);
-                    match StreamWriter::start(stream, "text/event-stream", &common, req.http10) {
-                        Ok(w) => writer = Some(w),
-                        Err(_) => return hang_up(),
-                    }
-                }
-                if let (Some(w), true) = (writer.as_mut(), chat) {
-                    // OpenAI's first chat chunk: the role and empty content.
-                    if w.send(&sse(&meta.chunk(true, Some(""), true, None, None, greq.include_usage))).is_err() {
-                        return hang_up();
-                    }
-                    first = false;
+                if answer.start(greq.stream, req.http10).is_err() {
+                    return hang_up();
                 }
             }
             Event::Delta { text: delta, logprobs: lp } => {
-                let lp_json = lp.as_ref().map(|t| {
-                    if chat {
-                        api::chat_logprobs(std::slice::from_ref(t))
-                    } else {
-                        api::completion_logprobs(std::slice::from_ref(t))
+                if answer.streaming() && calls.is_none() {
+                    if delta.is_empty() && lp.is_none() {
+                        continue;
                     }
-                });
-                match writer.as_mut() {
-                    // with tools, the answer may be calls: it is read whole at the end
-                    Some(w) if calls.is_none() => {
-                        if delta.is_empty() && lp_json.is_none() {
-                            continue;
-                        }
-                        let chunk = meta.chunk(chat, Some(&delta), first, None, lp_json, greq.include_usage);
-                        first = false;
-                        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
-                            return hang_up();
-                        }
+                    let lp_json = lp.as_ref().map(|t| answer.reply.logprobs(std::slice::from_ref(t)));
+                    if answer.text(&delta, lp_json).is_err() {
+                        return hang_up();
                     }
-                    _ => {
-                        text.push_str(&delta);
-                        logprobs.extend(lp);
-                        if http::peer_closed(writer.as_mut().map_or(&*stream, |w| w.stream())) {
-                            return hang_up();
-                        }
+                } else {
+                    text.push_str(&delta);
+                    logprobs.extend(lp);
+                    if answer.gone() {
+                        return hang_up();
                     }
                 }
             }
             Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
-                let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
-                let parsed = calls.and_then(|syntax| {
-                    let (content, found) = syntax.parse(&text, &greq.tools)?;
-                    let ids = call_ids(syntax, found.len());
-                    let found: Vec<ToolCall> = found
-                        .into_iter()
-                        .zip(ids)
-                        .map(|((name, arguments), id)| ToolCall { id, name, arguments })
-                        .collect();
-                    Some((content, found))
-                });
-                if let Some((content, found)) = parsed {
-                    match writer {
-                        Some(mut w) => {
-                            let mut chunks = Vec::new();
-                            if !content.is_empty() {
-                                chunks.push(meta.chunk(true, Some(&content), false, None, None, greq.include_usage));
-                            }
-                            chunks.extend(meta.calls_chunks(&found, greq.include_usage));
-                            for c in &chunks {
-                                let _ = w.send(&sse(c));
-                            }
-                            if greq.include_usage {
-                                let _ = w.send(&sse(&meta.usage_chunk(true, usage)));
-                            }
-                            let _ = w.send(b"data: [DONE]\n\n");
-                            let _ = w.end();
-                        }
-                        None => srv.send(stream, &Response::json(200, &meta.answer_calls(&content, &found, usage))),
-                    }
-                    return;
-                }
-                if let (Some(w), Some(_)) = (writer.as_mut(), calls) {
-                    // no calls after all: the held text, as one delta
-                    if !text.is_empty() {
-                        let lp_json = want_logprobs.then(|| api::chat_logprobs(&logprobs));
-                        let _ = w.send(&sse(&meta.chunk(true, Some(&text), first, None, lp_json, greq.include_usage)));
-                        first = false;
-                    }
-                }
-                match writer {
-                    Some(mut w) => {
-                        let last = if chat {
-                            meta.chunk(true, None, first, Some(finish), None, greq.include_usage)
-                        } else {
-                            meta.chunk(false, Some(""), first, Some(finish), None, greq.include_usage)
-                        };
-                        let _ = w.send(&sse(&last));
-                        if greq.include_usage {
-                            let _ = w.send(&sse(&meta.usage_chunk(chat, usage)));
-                        }
-                        let _ = w.send(b"data: [DONE]\n\n");
-                        let _ = w.end();
-                    }
-                    None => {
-                        let lp = want_logprobs.then(|| {
-                            if chat {
-                                api::chat_logprobs(&logprobs)
-                            } else {
-                                api::completion_logprobs(&logprobs)
-                            }
-                        });
-                        srv.send(stream, &Response::json(200, &meta.answer(chat, &text, finish, usage, lp)));
-                    }
-                }
                 debug_assert!(finish != Finish::Cancelled);
-                return;
-            }
-            Event::Error(msg) => {
-                let e = ApiError::new(500, "server_error", msg);
-                match writer {
-                    Some(mut w) => {
-                        let _ = w.send(&sse(&e.to_json()));
-                        let _ = w.send(b"data: [DONE]\n\n");
-                        let _ = w.end();
+                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                if let Some(syntax) = calls {
+                    if let Some((content, found)) = syntax.parse(&text, &greq.tools) {
+                        let ids = call_ids(syntax, found.len());
+                        let found: Vec<ToolCall> = found
+                            .into_iter()
+                            .zip(ids)
+                            .map(|((name, arguments), id)| ToolCall { id, name, arguments })
+                            .collect();
+                        return answer.finish_calls(&content, &found, usage);
                     }
-                    None => srv.send_error(stream, &e),
+                    // no calls after all: a stream gets the held text as one piece
+                    if answer.streaming() && !text.is_empty() {
+                        let lp_json = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
+                        let _ = answer.text(&text, lp_json);
+                    }
                 }
-                return;
+                let lp = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
+                return answer.finish(&text, finish, usage, lp);
             }
+            Event::Error(msg) => return answer.fail(ApiError::new(500, "server_error", msg), true),
         }
     }
 }

@@ -5,7 +5,8 @@
 
 use serde_json::{json, Value};
 
-use super::api::{self, refuse_unknown, wrong_type, ApiError, Fields};
+use super::error::ApiError;
+use super::fields::{parse_object, refuse_unknown, wrong_type, Fields};
 use crate::tokenizer::Tokenizer;
 
 /// The fields `/tokenize` takes (llama.cpp's, without its mixed text-and-ids `content`).
@@ -22,7 +23,7 @@ const DETOKENIZE_FIELDS: [&str; 1] = ["tokens"];
 /// (default true, as llama.cpp's): special tokens written in the text are the
 /// control tokens they name; false: they are plain text, as a chat message's are.
 pub(crate) fn tokenize(tokenizer: &Tokenizer, body: &[u8]) -> Result<Value, ApiError> {
-    let obj = api::parse_object(body)?;
+    let obj = parse_object(body)?;
     refuse_unknown(&obj, &[&TOKENIZE_FIELDS])?;
     let f = Fields(&obj);
     let content = match f.get("content") {
@@ -55,7 +56,7 @@ pub(crate) fn tokenize(tokenizer: &Tokenizer, body: &[u8]) -> Result<Value, ApiE
 /// ids' bytes as UTF-8 (U+FFFD where they are not). Every id must be in the
 /// tokenizer's vocabulary.
 pub(crate) fn detokenize(tokenizer: &Tokenizer, body: &[u8]) -> Result<Value, ApiError> {
-    let obj = api::parse_object(body)?;
+    let obj = parse_object(body)?;
     refuse_unknown(&obj, &[&DETOKENIZE_FIELDS])?;
     let f = Fields(&obj);
     let list = match f.get("tokens") {

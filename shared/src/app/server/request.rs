@@ -1,49 +1,20 @@
-//! The OpenAI request and response shapes: validation of request bodies
-//! (`serde_json::Value`, checked field by field so each error names the
-//! field), and the JSON of answers, stream chunks, usage and logprobs.
+//! A /v1/chat/completions or /v1/completions body, validated into a
+//! `GenRequest`: the prompt (text, ids or messages), the sampling settings,
+//! the stop strings, the grammars of `response_format` and `grammar`, the
+//! tools and `tool_choice`. Every error is a 400 naming its field (or a 503
+//! when the request's deadline passes while its grammar compiles).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use super::engine::{GenParams, TokenLogprob};
+use super::error::ApiError;
+use super::fields::{beyond_64_bits, out_of_range, refuse_unknown, unsupported, wrong_type, Fields};
+use super::job::GenParams;
 use crate::chat::{Message, Role, Tool, ToolCall};
-use crate::generate::Finish;
 use crate::grammar::{self, Grammar};
 use crate::sampler::{SettingRange, MIN_P, REPEAT_PENALTY, TEMPERATURE, TOP_P};
-
-/// An error answer in OpenAI's shape.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub kind: &'static str,
-    pub code: &'static str,
-    pub param: Option<String>,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
-        let kind = match status {
-            401 => "authentication_error",
-            404 => "not_found_error",
-            500 => "server_error",
-            503 => "overloaded_error",
-            _ => "invalid_request_error",
-        };
-        ApiError { status, kind, code, param: None, message: message.into() }
-    }
-
-    /// A 400 about one field.
-    pub fn field(code: &'static str, param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), ..ApiError::new(400, code, message) }
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
 
 /// Sampling defaults where a request says nothing. Temperature and top_p
 /// follow OpenAI; top_k and min_p (extensions) follow llama.cpp's server.
@@ -112,124 +83,6 @@ impl GenRequest {
             Some(n) => n.min(room),
             None if self.chat => room,
             None => DEFAULT_COMPLETION_TOKENS.min(room),
-        }
-    }
-}
-
-/// Parses a body as a JSON object.
-pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::new(400, "invalid_json", "the request body is empty; send a JSON object"));
-    }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(ApiError::new(
-            400,
-            "invalid_json",
-            format!("the request body must be a JSON object, not {}", type_name(&other)),
-        )),
-        Err(e) => Err(ApiError::new(400, "invalid_json", format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// An integer too large for 64 bits (2^64, -2^63 - 1, 1e30): JSON has no
-/// limit, and serde_json reads such a number as a float (-2^63 - 1 rounds to
-/// -2^63, which as an integer would have fitted). Too large, not "not an
-/// integer"; a float with a fraction is not an integer.
-fn beyond_64_bits(n: &serde_json::Number) -> bool {
-    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
-    n.as_f64().is_some_and(|x| x.fract() == 0.0 && x.abs() >= TWO_63)
-}
-
-pub(crate) fn wrong_type(key: &str, want: &str, got: &Value) -> ApiError {
-    ApiError::field("invalid_type", key, format!("'{key}' must be {want}, not {}", type_name(got)))
-}
-
-fn out_of_range(key: &str, range: &str) -> ApiError {
-    ApiError::field("invalid_value", key, format!("'{key}' must be {range}"))
-}
-
-fn unsupported(key: &str, what: &str) -> ApiError {
-    ApiError::field("unsupported_value", key, format!("'{key}': {what} is not supported by this server"))
-}
-
-/// 400 naming the fields of `obj` in none of the `known` lists (the first
-/// by name as the `param`).
-pub(crate) fn refuse_unknown(obj: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
-    let mut unknown: Vec<&str> =
-        obj.keys().map(|k| k.as_str()).filter(|k| !known.iter().any(|list| list.contains(k))).collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    unknown.sort();
-    let names = unknown.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ");
-    Err(ApiError::field(
-        "unsupported_parameter",
-        unknown[0],
-        format!("unsupported field{} {names}", if unknown.len() > 1 { "s" } else { "" }),
-    ))
-}
-
-/// Typed, range-checked access to the fields of a request object (null
-/// counts as absent).
-pub(crate) struct Fields<'a>(pub &'a Map<String, Value>);
-
-impl Fields<'_> {
-    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
-        self.0.get(key).filter(|v| !v.is_null())
-    }
-
-    /// A sampling setting, checked by the same range as the CLI's option.
-    fn number(&self, range: &SettingRange) -> Result<Option<f64>, ApiError> {
-        let key = range.name;
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => range
-                .check(n.as_f64().unwrap_or(f64::NAN))
-                .map(Some)
-                .map_err(|msg| ApiError::field("invalid_value", key, msg)),
-            Some(v) => Err(wrong_type(key, "a number", v)),
-        }
-    }
-
-    fn int(&self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-        let range = || out_of_range(key, &format!("an integer from {lo} to {hi}"));
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(x) if x >= lo && x <= hi => Ok(Some(x)),
-                Some(_) => Err(range()),
-                None if n.is_u64() || beyond_64_bits(n) => Err(range()),
-                None => Err(wrong_type(key, "an integer", &Value::Number(n.clone()))),
-            },
-            Some(v) => Err(wrong_type(key, "an integer", v)),
-        }
-    }
-
-    pub(crate) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(wrong_type(key, "a boolean", v)),
-        }
-    }
-
-    fn string(&self, key: &str) -> Result<Option<&str>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(wrong_type(key, "a string", v)),
         }
     }
 }
@@ -869,194 +722,10 @@ fn parse_messages(v: &Value) -> Result<Vec<Message>, ApiError> {
     Ok(out)
 }
 
-// ---------------------------------------------------------------- answers
-
-/// `tool_calls` of an assistant message.
-fn calls_json(calls: &[ToolCall]) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect(),
-    )
-}
-
-pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
-}
-
-/// A token's bytes as a string for logprobs. Whole characters stay as they
-/// are; a token that holds part of a character (a byte-level tokenizer
-/// splits most emoji and CJK characters) shows its bytes that are not whole
-/// characters as `\xNN` and, for the legacy completions, gets OpenAI's
-/// `bytes:` prefix (`"bytes:\xf0\x9f"`), never U+FFFD, which would hide
-/// which bytes they are. Chat logprobs carry the exact bytes in `bytes` too.
-fn token_text(bytes: &[u8], prefix: &str) -> String {
-    let mut out = String::new();
-    for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    if out.len() != bytes.len() {
-        out.insert_str(0, prefix);
-    }
-    out
-}
-
-/// `choices[].logprobs` of a chat answer or chunk.
-pub fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
-    let entry = |b: &[u8], lp: f64| json!({"token": token_text(b, ""), "logprob": lp, "bytes": b});
-    let content: Vec<Value> = lps
-        .iter()
-        .map(|t| {
-            let mut e = entry(&t.bytes, t.logprob);
-            e["top_logprobs"] = Value::Array(t.top.iter().map(|(b, lp)| entry(b, *lp)).collect());
-            e
-        })
-        .collect();
-    json!({"content": content, "refusal": null})
-}
-
-/// `choices[].logprobs` of a completion answer or chunk. `text_offset` is
-/// where each token starts in the answer's `text`, in characters (code
-/// points: what a Python client's `text[i]` indexes).
-pub fn completion_logprobs(lps: &[TokenLogprob]) -> Value {
-    let mut tokens = Vec::new();
-    let mut logprobs = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
-    for t in lps {
-        offsets.push(t.text_offset);
-        tokens.push(token_text(&t.bytes, "bytes:"));
-        logprobs.push(t.logprob);
-        let mut m = Map::new();
-        for (b, lp) in &t.top {
-            m.entry(token_text(b, "bytes:")).or_insert(json!(lp));
-        }
-        tops.push(Value::Object(m));
-    }
-    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
-}
-
-/// Identity shared by the answer and the chunks of one request.
-pub struct Meta {
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-    pub fingerprint: String,
-}
-
-impl Meta {
-    fn base(&self, object: &str) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("id".into(), json!(self.id));
-        m.insert("object".into(), json!(object));
-        m.insert("created".into(), json!(self.created));
-        m.insert("model".into(), json!(self.model));
-        m.insert("system_fingerprint".into(), json!(self.fingerprint));
-        m
-    }
-
-    /// The whole (not streamed) answer.
-    pub fn answer(&self, chat: bool, text: &str, finish: Finish, usage: Value, logprobs: Option<Value>) -> Value {
-        let lp = logprobs.unwrap_or(Value::Null);
-        let choice = if chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                   "logprobs": lp, "finish_reason": finish.as_str()})
-        } else {
-            json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str()})
-        };
-        let mut m = self.base(if chat { "chat.completion" } else { "text_completion" });
-        m.insert("choices".into(), json!([choice]));
-        m.insert("usage".into(), usage);
-        Value::Object(m)
-    }
-
-    /// One stream chunk. Chat: `role` marks the first chunk, `finish` the last.
-    pub fn chunk(
-        &self,
-        chat: bool,
-        text: Option<&str>,
-        first: bool,
-        finish: Option<Finish>,
-        logprobs: Option<Value>,
-        with_usage_field: bool,
-    ) -> Value {
-        let lp = logprobs.unwrap_or(Value::Null);
-        let fr = finish.map_or(Value::Null, |f| json!(f.as_str()));
-        if !chat {
-            let choice = json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": fr});
-            return self.chunk_of(false, choice, with_usage_field);
-        }
-        let mut delta = Map::new();
-        if first {
-            delta.insert("role".into(), json!("assistant"));
-        }
-        if let Some(t) = text {
-            delta.insert("content".into(), json!(t));
-        }
-        let choice = json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr});
-        self.chunk_of(true, choice, with_usage_field)
-    }
-
-    fn chunk_of(&self, chat: bool, choice: Value, with_usage_field: bool) -> Value {
-        let mut m = self.base(if chat { "chat.completion.chunk" } else { "text_completion" });
-        m.insert("choices".into(), json!([choice]));
-        if with_usage_field {
-            m.insert("usage".into(), Value::Null);
-        }
-        Value::Object(m)
-    }
-
-    /// The whole chat answer when the model called tools: `content` (null
-    /// when empty) and the calls, `finish_reason` "tool_calls".
-    pub fn answer_calls(&self, content: &str, calls: &[ToolCall], usage: Value) -> Value {
-        let content = if content.is_empty() { Value::Null } else { json!(content) };
-        let message =
-            json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls_json(calls)});
-        let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": "tool_calls"});
-        let mut m = self.base("chat.completion");
-        m.insert("choices".into(), json!([choice]));
-        m.insert("usage".into(), usage);
-        Value::Object(m)
-    }
-
-    /// The stream chunks of the calls (each call's id, type and name in one
-    /// chunk, its arguments in the next, as OpenAI streams them), then the
-    /// last chunk, `finish_reason` "tool_calls".
-    pub fn calls_chunks(&self, calls: &[ToolCall], with_usage_field: bool) -> Vec<Value> {
-        let mut out = Vec::new();
-        let delta = |d: Value, fr: Value| json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": fr});
-        for (i, c) in calls.iter().enumerate() {
-            let head = json!({"tool_calls": [{"index": i, "id": c.id, "type": "function",
-                                              "function": {"name": c.name, "arguments": ""}}]});
-            out.push(self.chunk_of(true, delta(head, Value::Null), with_usage_field));
-            let args = json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]});
-            out.push(self.chunk_of(true, delta(args, Value::Null), with_usage_field));
-        }
-        out.push(self.chunk_of(true, delta(json!({}), json!("tool_calls")), with_usage_field));
-        out
-    }
-
-    /// The extra last chunk of `stream_options.include_usage`: no choices, the usage.
-    pub fn usage_chunk(&self, chat: bool, usage: Value) -> Value {
-        let mut m = self.base(if chat { "chat.completion.chunk" } else { "text_completion" });
-        m.insert("choices".into(), json!([]));
-        m.insert("usage".into(), usage);
-        Value::Object(m)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::server::fields::parse_object;
 
     fn parse(body: &str, chat: bool) -> Result<GenRequest, ApiError> {
         let server = ServerDefaults { seed: 7, timeout: None, received: Instant::now() };
@@ -1134,28 +803,5 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(e.message.contains("max_tokens") && e.message.contains("string"), "{}", e.message);
         assert_eq!(e.to_json()["error"]["type"], "invalid_request_error");
-    }
-
-    #[test]
-    fn tokens_with_part_of_a_character_show_their_bytes() {
-        let smile = "😀".as_bytes();
-        assert_eq!(token_text(b" hi", "bytes:"), " hi");
-        assert_eq!(token_text("中".as_bytes(), "bytes:"), "中");
-        assert_eq!(token_text(&smile[..2], "bytes:"), "bytes:\\xf0\\x9f");
-        assert_eq!(token_text(&[b' ', smile[0]], ""), " \\xf0");
-        let lp = |bytes: &[u8], text_offset| TokenLogprob {
-            bytes: bytes.to_vec(),
-            text_offset,
-            logprob: -1.0,
-            top: vec![(smile[2..].to_vec(), -1.0)],
-        };
-        let v = completion_logprobs(&[lp(&smile[..2], 0), lp(&smile[2..], 0), lp(b"!", 1)]);
-        assert_eq!(v["tokens"], json!(["bytes:\\xf0\\x9f", "bytes:\\x98\\x80", "!"]));
-        assert_eq!(v["text_offset"], json!([0, 0, 1]));
-        assert_eq!(v["top_logprobs"][0], json!({"bytes:\\x98\\x80": -1.0}));
-        let v = chat_logprobs(&[lp(&smile[..2], 0)]);
-        assert_eq!(v["content"][0]["token"], "\\xf0\\x9f");
-        assert_eq!(v["content"][0]["bytes"], json!([0xf0, 0x9f]));
-        assert_eq!(v["content"][0]["top_logprobs"][0]["bytes"], json!([0x98, 0x80]));
     }
 }
