@@ -14,7 +14,7 @@ use clap::Parser;
 use super::interactive;
 use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
-use super::speculation::SpecArgs;
+use super::speculative_options::SpecArgs;
 use super::stdout;
 use crate::chat::PromptText;
 use crate::generate::{DecodeParams, Generator, Token};

@@ -11,7 +11,7 @@ pub mod interactive;
 pub mod measure;
 pub mod options;
 pub mod server;
-pub mod speculation;
+pub mod speculative_options;
 pub mod stdout;
 
 /// Exit code for bad input files, arguments or requests.

@@ -331,7 +331,7 @@ pub fn startup_line(
         model.n_params() as f64 / 1e6,
         load_secs * 1e3,
         mib(model.file.file_len() as f64),
-        match model.file.made_bytes() {
+        match model.file.converted_bytes() {
             0 => "mapped".to_string(),
             made => format!("{:.1} MiB of them converted at load", mib(made as f64)),
         },

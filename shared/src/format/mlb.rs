@@ -186,12 +186,13 @@ impl TensorInfo {
 
 /// A validated `.mlb` model: a memory-mapped file, or a model imported from
 /// another format (`crate::import`), whose tensors lie partly in that
-/// file's map and partly in memory made at load time.
+/// file's map and partly in memory converted at load time.
 pub struct Mlb {
     map: Bytes,
-    /// Tensors made at load time; their `start` counts from `made_base`.
-    made: Vec<u64>,
-    made_base: usize,
+    /// The data of tensors converted at load time (u64s, so that every
+    /// tensor is 8-byte aligned); their `start` counts from `converted_start`.
+    converted: Vec<u64>,
+    converted_start: usize,
     pub meta: HashMap<String, MetaValue>,
     /// The metadata keys in file order.
     meta_keys: Vec<String>,
@@ -231,10 +232,10 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// Where tensors made at load time start, after a source of `source_len`
+/// Where tensors converted at load time start, after a source of `source_len`
 /// bytes: `TensorInfo::start` of such a tensor is this plus its offset in
-/// the made memory.
-pub fn made_base(source_len: usize) -> usize {
+/// the converted data.
+pub fn converted_start(source_len: usize) -> usize {
     source_len.next_multiple_of(DATA_ALIGN as usize)
 }
 
@@ -257,7 +258,7 @@ impl Mlb {
 
     fn build(
         map: Bytes,
-        made: Vec<u64>,
+        converted: Vec<u64>,
         meta: Vec<(String, MetaValue)>,
         tensors: Vec<TensorInfo>,
         path: String,
@@ -265,28 +266,28 @@ impl Mlb {
     ) -> Result<Mlb, String> {
         let meta_keys = meta.iter().map(|(k, _)| k.clone()).collect();
         let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        let made_base = made_base(map.len());
+        let converted_start = converted_start(map.len());
         let meta = meta.into_iter().collect();
-        Ok(Mlb { map, made, made_base, meta, meta_keys, tensors, by_name, path, file_len })
+        Ok(Mlb { map, converted, converted_start, meta, meta_keys, tensors, by_name, path, file_len })
     }
 
     /// A model assembled from parts: `meta` in order, `tensors` in order,
-    /// each lying in `source` or (from `made_base(source.len())` on) in
-    /// `made`. Each tensor's size and place are checked.
+    /// each lying in `source` or (from `converted_start(source.len())` on) in
+    /// `converted`. Each tensor's size and place are checked.
     pub fn assemble(
         source: Bytes,
-        made: Vec<u64>,
+        converted: Vec<u64>,
         meta: Vec<(String, MetaValue)>,
         tensors: Vec<TensorInfo>,
         path: String,
     ) -> Result<Mlb, String> {
-        let base = made_base(source.len());
-        let made_len = made.len() * 8;
+        let base = converted_start(source.len());
+        let converted_len = converted.len() * 8;
         for t in &tensors {
             let size = tensor_size(t.ttype, t.layout, &t.dims);
             let end = t.start.checked_add(t.len);
             let inside = match end {
-                Some(end) if t.start >= base => end - base <= made_len,
+                Some(end) if t.start >= base => end - base <= converted_len,
                 Some(end) => end <= source.len(),
                 None => false,
             };
@@ -300,7 +301,7 @@ impl Mlb {
             (Some(&o), Some(t)) => (head.len() as u64 + o + t.4 as u64).next_multiple_of(DATA_ALIGN) as usize,
             _ => head.len(),
         };
-        Self::build(source, made, meta, tensors, path, file_len)
+        Self::build(source, converted, meta, tensors, path, file_len)
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -313,17 +314,17 @@ impl Mlb {
 
     /// `len` bytes of tensor data from `start` (a `TensorInfo::start`).
     pub fn range(&self, start: usize, len: usize) -> &[u8] {
-        if start >= self.made_base {
-            let at = start - self.made_base;
-            &bytemuck::cast_slice::<u64, u8>(&self.made)[at..at + len]
+        if start >= self.converted_start {
+            let at = start - self.converted_start;
+            &bytemuck::cast_slice::<u64, u8>(&self.converted)[at..at + len]
         } else {
             &self.map[start..start + len]
         }
     }
 
-    /// Bytes of the tensors made at load time (0 for an `.mlb` file).
-    pub fn made_bytes(&self) -> usize {
-        self.made.len() * 8
+    /// Bytes of the tensors converted at load time (0 for an `.mlb` file).
+    pub fn converted_bytes(&self) -> usize {
+        self.converted.len() * 8
     }
 
     /// Size of the `.mlb` file: the one opened, or the one `save` writes.

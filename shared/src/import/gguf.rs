@@ -1,9 +1,11 @@
 //! A GGUF model as an `.mlb` model in memory: the metadata read through the
-//! family table, the tensors of the types Krafla reads (F32, F16, Q8_0,
-//! Q4_0) left in the mapped file, the others converted on all threads. The
-//! rules are `tools/source_gguf.py`'s and `tools/convert.py`'s, step for
-//! step (metadata in the same order, tensors in the same order and types),
-//! so that `--save` writes the same bytes as the converter.
+//! family table; the tensors of the types Krafla reads as they are (F32,
+//! F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) left in the mapped file unless
+//! `--requantize` or `--type` asks otherwise; the others (and those asked
+//! for) converted on all threads, Q4_0 and bias-0 Q8_0 matrices straight
+//! into eight-row groups where the build's kernels read them so. What a
+//! loaded model then repacks for its kernels is `model/weights.rs`'s
+//! choice. `--save` writes these tensors as an `.mlb` file.
 
 use rayon::prelude::*;
 
@@ -13,7 +15,7 @@ use super::mixed;
 use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule, BAND_ROWS};
 use super::{ConvertType, ImportOptions};
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
-use crate::format::mlb::{made_base, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
+use crate::format::mlb::{converted_start, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
 use crate::kernels::{Arch, Kernels};
 use crate::model::LIMIT_LAYERS;
 use crate::quant::{all_finite, dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
@@ -66,11 +68,11 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
     let plan = tensor_plan(&g, &heads).map_err(|e| format!("{path}: {e}"))?;
     check_shapes(&heads, &plan).map_err(|e| format!("{path}: {e}"))?;
 
-    // Where each tensor goes: its bytes in the file, or converted into `made`.
-    let base = made_base(g.file_len());
+    // Where each tensor goes: its bytes in the file, or converted into `converted`.
+    let base = converted_start(g.file_len());
     let mut infos = Vec::with_capacity(plan.len());
     let mut jobs = Vec::new();
-    let mut made_len = 0usize;
+    let mut converted_total = 0usize;
     let mut types: Vec<TensorType> = plan
         .iter()
         .map(|(name, t)| {
@@ -91,8 +93,8 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
             (t.start, t.len)
         } else {
             let len = converted_len(ttype, &dims).ok_or_else(|| format!("{path}: tensor {name:?} is too large"))?;
-            let at = made_len;
-            made_len = (at + len).next_multiple_of(DATA_ALIGN as usize);
+            let at = converted_total;
+            converted_total = (at + len).next_multiple_of(DATA_ALIGN as usize);
             jobs.push((*t, ttype, layout, at, len, name.as_str()));
             (base + at, len)
         };
@@ -101,11 +103,11 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
 
     // zeroed by the allocator (fresh pages from the system: no pass over
     // them here), then written by the tasks on all threads
-    let mut made: Vec<u64> = bytemuck::allocation::try_zeroed_slice_box(made_len / 8)
-        .map_err(|_| format!("{path}: cannot allocate {made_len} bytes"))?
+    let mut converted: Vec<u64> = bytemuck::allocation::try_zeroed_slice_box(converted_total / 8)
+        .map_err(|_| format!("{path}: cannot allocate {converted_total} bytes"))?
         .into_vec();
     let mut tasks = Vec::new();
-    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut made);
+    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut converted);
     let mut pos = 0;
     for &(t, ttype, layout, at, len, name) in &jobs {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - pos);
@@ -178,7 +180,7 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         return Err(format!("{path}: {e}"));
     }
 
-    Mlb::assemble(g.into_map(), made, meta, infos, path)
+    Mlb::assemble(g.into_map(), converted, meta, infos, path)
 }
 
 /// The index of the first value of `x` that is NaN or infinite.

@@ -171,7 +171,7 @@ fn a_tiny_llama_imports_in_convert_py_order() {
     assert_eq!(mlb.tensor("token_embd").unwrap().start, embd.start);
     assert_eq!(mlb.tensor_bytes(mlb.tensor("blk.0.ffn_gate").unwrap()), g.tensor_bytes(gate));
     assert!(mlb.tensor("blk.0.ffn_up").unwrap().start.is_multiple_of(64));
-    assert!(mlb.made_bytes() > 0);
+    assert!(mlb.converted_bytes() > 0);
     // a made-from-GGUF model loads and runs
     let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default()).unwrap();
     let mut st = State::new(&model.config, 8).unwrap();

@@ -47,7 +47,7 @@ use clap::Parser;
 use serde_json::json;
 
 use super::options::{startup_line, RunArgs};
-use super::speculation::SpecArgs;
+use super::speculative_options::SpecArgs;
 use crate::chat::Template;
 use crate::generate::Sequence;
 use crate::kernels::ISA;

@@ -8,7 +8,7 @@
 //! per step in `portable`'s lane order (`neon::imp::sum_blocks`). Q4 weights
 //! go in as signed `nibble − 8`. The f32 kernels are NEON's.
 //!
-//! The K-quant dots are the dotprod build's (`neon_kquant` with `sdot`; the
+//! The K-quant dots are the dotprod build's (`kquant` with `sdot`; the
 //! build includes dotprod). A K-quant sub-block is one dot of 32 bytes under
 //! its own scale (Q6_K: two of 16), `sdot`'s shape: two `sdot`s per
 //! sub-block. `smmla` would pair two sub-blocks: four `smmla`s per pair, the

@@ -2,12 +2,12 @@
 //! every AArch64 build (the higher sets reuse its f32 kernels and block
 //! folding); dotprod (`sdot`), i8mm (`smmla`) and SVE have no stable
 //! intrinsics and use `asm!`. The K-quant dots are written once
-//! (`neon_kquant`), generic over the 16-byte int8 dot: NEON's with
+//! (`kquant`), generic over the 16-byte int8 dot: NEON's with
 //! `smull`/`sadalp`, the dotprod, i8mm and SVE builds' with `sdot`
 //! (`neon_dotprod`, compiled into all three).
 
+pub mod kquant;
 pub mod neon;
-pub mod neon_kquant;
 
 #[cfg(krafla_isa = "i8mm")]
 pub mod i8mm;

@@ -6,7 +6,7 @@
 //! pairwise-accumulate into i32 lanes with `sadalp`, so every block's integer
 //! sum is exact. Q4 nibbles are turned into signed `nibble − 8` before the
 //! multiply, which gives the same exact integer as `portable`'s
-//! Σ nibble·q − 8·Σq. The K-quant dots are `neon_kquant`'s with `dot16`
+//! Σ nibble·q − 8·Σq. The K-quant dots are `kquant`'s with `dot16`
 //! (`smull` + `sadalp` over 16 bytes) as the int8 dot.
 //!
 //! Cross-build identity: reductions follow `portable`'s order exactly
@@ -33,7 +33,7 @@ impl Kernels for Neon {
 }
 
 pub mod imp {
-    use super::super::neon_kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
+    use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use crate::kernels::portable::combine8;
     use crate::kernels::portable::f16_bits_to_f32;
     use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block, QK};
@@ -284,19 +284,19 @@ pub mod imp {
             dot_q4_with(w, x, |a, b| dot32(a, b))
         }
 
-        /// Q4_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        /// Q4_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
             dot_q4k_with(w, x, |acc, a, b| dot16(acc, a, b))
         }
 
-        /// Q5_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        /// Q5_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
             dot_q5k_with(w, x, |acc, a, b| dot16(acc, a, b))
         }
 
-        /// Q6_K weights · Q8 activations (`neon_kquant`, the products with `dot16`).
+        /// Q6_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
             dot_q6k_with(w, x, |acc, a, b| dot16(acc, a, b))

@@ -4,7 +4,7 @@
 //! stable. Per block, two `sdot`s (one per 16-byte half) give four i32 lanes
 //! that add up to the block's exact integer sum; eight blocks per step in
 //! `portable`'s lane order (`neon::imp::sum_blocks`). Q4 weights go in as
-//! signed `nibble − 8`. The K-quant dots are `neon_kquant`'s with `sdot` as
+//! signed `nibble − 8`. The K-quant dots are `kquant`'s with `sdot` as
 //! the 16-byte dot (one `sdot` per half of a Q4_K / Q5_K sub-block, one per
 //! Q6_K group of 16); the i8mm and SVE builds, which include dotprod, use
 //! them too. The f32 kernels are NEON's.
@@ -22,8 +22,8 @@ impl Kernels for NeonDotprod {
 }
 
 pub mod imp {
+    use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use super::super::neon::imp::{dot_q4_with, dot_q8_with};
-    use super::super::neon_kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block};
     use core::arch::aarch64::*;
     use core::arch::asm;
@@ -70,19 +70,19 @@ pub mod imp {
             dot_q4_with(w, x, |a, b| dot32(a, b))
         }
 
-        /// Q4_K weights · Q8 activations (`neon_kquant`, the products with `sdot`).
+        /// Q4_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
             dot_q4k_with(w, x, |acc, a, b| sdot(acc, a, b))
         }
 
-        /// Q5_K weights · Q8 activations (`neon_kquant`, the products with `sdot`).
+        /// Q5_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
             dot_q5k_with(w, x, |acc, a, b| sdot(acc, a, b))
         }
 
-        /// Q6_K weights · Q8 activations (`neon_kquant`, the products with `sdot`).
+        /// Q6_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
             dot_q6k_with(w, x, |acc, a, b| sdot(acc, a, b))

@@ -15,7 +15,7 @@
 //! every other build whatever the vector length (tested at 128, 256 and 512
 //! bits under qemu).
 //!
-//! The K-quant dots are the dotprod build's (`neon_kquant` with the NEON
+//! The K-quant dots are the dotprod build's (`kquant` with the NEON
 //! `sdot`; the build includes dotprod): their unit is a sub-block of 32
 //! bytes (Q6_K: groups of 16) under its own scale, two 128-bit `sdot`s
 //! whatever the SVE vector length; wider SVE vectors would hold several
