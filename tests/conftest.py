@@ -86,6 +86,72 @@ def unavailable(reason):
     pytest.skip(reason)
 
 
+# ---------------------------------------------------------------- the variant table
+
+@functools.cache
+def variant_table():
+    """build/src/variants.rs as `cargo xtask variants` prints it: {arch: [{name, rustc_features,
+    cpu_features}]},
+    fastest first (arch as Rust's std::env::consts::ARCH spells it). `cargo xtask test` writes it to
+    target/variants.json; without that file (or when the table is newer) it is asked for."""
+    cached = REPO / "target" / "variants.json"
+    source = REPO / "build" / "src" / "variants.rs"
+    if cached.is_file() and cached.stat().st_mtime >= source.stat().st_mtime:
+        return json.loads(cached.read_text())
+    p = subprocess.run(["cargo", "xtask", "variants"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def isas(arch):
+    """The build names of `arch` (x86_64, aarch64, arm), fastest first."""
+    return [v["name"] for v in variant_table()[arch]]
+
+
+# The CPU features each qemu-user 7.2 CPU model offers, among the ones the variant table checks
+# (a fact about qemu, not about Krafla): the guard's expected answers follow from it and the table.
+QEMU_CPU_FEATURES = {
+    "x86_64": {
+        "qemu64": {"sse3"},
+        "core2duo": {"sse3", "ssse3"},
+        "Nehalem": {"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt"},
+        "Haswell": {"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi2"},
+    },
+    "aarch64": {
+        "cortex-a53": {"neon"},
+        "cortex-a72": {"neon"},
+        "cortex-a76": {"neon", "dotprod"},
+        "neoverse-n1": {"neon", "dotprod"},
+        "a64fx": {"neon", "sve"},
+        "max": {"neon", "dotprod", "i8mm", "sve"},
+    },
+    "arm": {"cortex-a7": {"neon", "vfp4"}, "cortex-a15": {"neon", "vfp4"}},
+}
+
+
+def missing_feature(arch, isa, cpu):
+    """The feature the start-up guard of build `isa` names on qemu CPU model `cpu` (the first of its
+    row the CPU lacks), or None when the build runs there."""
+    has = QEMU_CPU_FEATURES[arch][cpu]
+    return next((f for f in variant(arch, isa)["cpu_features"] if f not in has), None)
+
+
+def variant(arch, isa):
+    """The table's row of build `isa`."""
+    return next(v for v in variant_table()[arch] if v["name"] == isa)
+
+
+def oldest_cpu(arch, isa):
+    """The first qemu CPU model of QEMU_CPU_FEATURES (oldest first) that runs build `isa`, or None
+    (qemu-user 7.2 emulates no AVX-512: such a build runs natively or not at all)."""
+    return next((cpu for cpu in QEMU_CPU_FEATURES[arch] if missing_feature(arch, isa, cpu) is None), None)
+
+
+def best_build(arch, cpu):
+    """The build the launcher picks on qemu CPU model `cpu`: the fastest that runs there."""
+    return next(name for name in isas(arch) if missing_feature(arch, name, cpu) is None)
+
+
 # ---------------------------------------------------------------- builds under qemu-user
 
 

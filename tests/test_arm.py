@@ -33,31 +33,33 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, assert_guard, build_unit_tests, cross_toolchain, logits_bytes, unavailable, under_qemu
+from conftest import (
+    QEMU_CPU_FEATURES,
+    REPO,
+    assert_guard,
+    best_build,
+    build_unit_tests,
+    cross_toolchain,
+    isas,
+    logits_bytes,
+    missing_feature,
+    oldest_cpu,
+    unavailable,
+    under_qemu,
+    variant,
+)
 
 TARGET = "aarch64-unknown-linux-gnu"
 LINKER = "aarch64-linux-gnu-gcc"
 QEMU = shutil.which("qemu-aarch64")
 DIST = REPO / "dist" / "linux-aarch64"
 
-# name -> (rustc target features, a qemu CPU model that has them)
-VARIANTS = {
-    "neon": ("", "cortex-a53"),
-    "neon_dotprod": ("+dotprod", "cortex-a76"),
-    "i8mm": ("+dotprod,+i8mm", "max"),
-    "sve": ("+dotprod,+i8mm,+sve", "max"),
-}
-
-# qemu CPU model -> variant -> None (runs) or the feature the guard must name.
-EXPECT = {
-    "cortex-a53": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "sve"},
-    "cortex-a72": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "sve"},
-    "cortex-a76": {"neon": None, "neon_dotprod": None, "i8mm": "i8mm", "sve": "sve"},
-    "neoverse-n1": {"neon": None, "neon_dotprod": None, "i8mm": "i8mm", "sve": "sve"},
-    # A64FX: SVE without dotprod and i8mm
-    "a64fx": {"neon": None, "neon_dotprod": "dotprod", "i8mm": "i8mm", "sve": "i8mm"},
-    "max": {"neon": None, "neon_dotprod": None, "i8mm": None, "sve": None},
-}
+# The builds (the variant table's, fastest first) and the qemu CPU models they are checked on.
+ARCH = "aarch64"
+VARIANTS = isas(ARCH)
+CPUS = list(QEMU_CPU_FEATURES[ARCH])
+# Where each build runs: the oldest CPU model that has its features; SVE at 256 bits.
+RUNS_ON = {name: "max,sve256=on" if name == "sve" else oldest_cpu(ARCH, name) for name in VARIANTS}
 
 
 @pytest.fixture(scope="module")
@@ -69,24 +71,21 @@ def toolchain():
 def builds(toolchain):
     """variant -> (the krafla unit-test executable, dist/linux-aarch64/ml_<variant>)."""
     out = {}
-    for name, (features, _) in VARIANTS.items():
+    for name in VARIANTS:
         exe = DIST / f"ml_{name}"
         if not exe.is_file():
             unavailable(f"no {exe}: run `cargo xtask dist linux-aarch64`")
-        out[name] = (build_unit_tests(TARGET, LINKER, features, name), exe)
+        out[name] = (build_unit_tests(TARGET, LINKER, variant(ARCH, name)["rustc_features"], name), exe)
     return out
 
 
-@pytest.mark.parametrize("name,cpu,sve_bits", [
-    ("neon", "cortex-a53", None),
-    ("neon", "cortex-a72", None),
-    ("neon_dotprod", "cortex-a76", None),
-    ("i8mm", "max", None),
-    ("sve", "max,sve128=on", 128),
-    ("sve", "max,sve256=on", 256),
-    ("sve", "max,sve512=on", 512),
-    ("sve", "max,sve-default-vector-length=256", 2048),
-])
+# Each build on the oldest CPU model that runs it; SVE at four vector lengths instead.
+KERNEL_CASES = [(name, oldest_cpu(ARCH, name), None) for name in VARIANTS if name != "sve"]
+KERNEL_CASES += [("sve", "max,sve128=on", 128), ("sve", "max,sve256=on", 256), ("sve", "max,sve512=on", 512),
+                 ("sve", "max,sve-default-vector-length=256", 2048)]
+
+
+@pytest.mark.parametrize("name,cpu,sve_bits", KERNEL_CASES)
 def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
     tests, _ = builds[name]
     p = under_qemu(QEMU, cpu, tests, "kernels", "--nocapture")
@@ -107,25 +106,26 @@ def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
         assert "test kernels::aarch64::sve::imp::tests::sve_block_sums_match_scalar ... ok" in p.stdout
 
 
-@pytest.mark.parametrize("cpu", list(EXPECT))
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_guard_on_emulated_cpu(builds, cpu, name):
     _, exe = builds[name]
-    assert_guard(under_qemu(QEMU, cpu, exe, "--version", timeout=120), name, EXPECT[cpu][name])
+    assert_guard(under_qemu(QEMU, cpu, exe, "--version", timeout=120), name, missing_feature(ARCH, name, cpu))
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_tiny_logits_are_byte_identical_to_native_x86(builds, tiny_logits_match_native, name):
     _, exe = builds[name]
-    tiny_logits_match_native([QEMU, "-cpu", VARIANTS[name][1], exe], name)
+    tiny_logits_match_native([QEMU, "-cpu", RUNS_ON[name], exe], name)
 
 
-@pytest.mark.parametrize("name", ["neon", "sve"])
+# the baseline and the fastest build
+@pytest.mark.parametrize("name", [VARIANTS[-1], VARIANTS[0]])
 def test_every_family_is_byte_identical_to_native_x86(builds, families_match_native, name):
     """Every fixture family in Q8_0 (Gemma 2's soft-caps, Qwen3.5's Gated DeltaNet, ...), so the
     forward pass's scalar math (exp, tanh, log1p, RoPE's sin and cos) is checked as well as the kernels."""
     _, exe = builds[name]
-    families_match_native([QEMU, "-cpu", VARIANTS[name][1], exe], name)
+    families_match_native([QEMU, "-cpu", RUNS_ON[name], exe], name)
 
 
 def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, tmp_path):
@@ -134,8 +134,7 @@ def test_smollm2_logits_are_byte_identical_to_native_x86(builds, native, smol, t
     mlb = smol("q4_0")
     want, want_ids = logits_bytes([native], mlb, tmp_path / "native.f32", "1,2,3,4,5", 4)
     for name, (_, exe) in builds.items():
-        cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
-        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
+        got, got_ids = logits_bytes([QEMU, "-cpu", RUNS_ON[name], exe], mlb, tmp_path / f"{name}.f32", "1,2,3,4,5", 4)
         assert got == want, f"{name}: SmolLM2 logits differ from the native x86-64 build's"
         assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
 
@@ -146,35 +145,28 @@ def test_gemma3_q4_k_m_gguf_is_byte_identical_to_native_x86(builds, native, gemm
     opts = ["--ctx", "64"]
     want, want_ids = logits_bytes([native, *opts], gemma3_gguf, tmp_path / "native.f32", "2,818,5279", 1)
     for name, (_, exe) in builds.items():
-        cpu = "max,sve256=on" if name == "sve" else VARIANTS[name][1]
-        got, got_ids = logits_bytes([QEMU, "-cpu", cpu, exe, *opts], gemma3_gguf, tmp_path / f"{name}.f32",
+        got, got_ids = logits_bytes([QEMU, "-cpu", RUNS_ON[name], exe, *opts], gemma3_gguf, tmp_path / f"{name}.f32",
                                     "2,818,5279", 1)
         assert got == want, f"{name}: Gemma 3 Q4_K_M logits differ from the native x86-64 build's"
         assert got_ids == want_ids, f"{name}: generated ids {got_ids} vs native {want_ids}"
 
 
-def _best(cpu):
-    """The build the launcher must pick on qemu CPU model `cpu`: the first of
-    the table's order (fastest first) that runs there."""
-    return next(name for name in ["sve", "i8mm", "neon_dotprod", "neon"] if EXPECT[cpu][name] is None)
-
-
-@pytest.mark.parametrize("cpu", list(EXPECT))
+@pytest.mark.parametrize("cpu", CPUS)
 def test_launcher_picks_the_best_build_for_the_cpu(toolchain, cpu):
     launcher = DIST / "ml_run"
     if not launcher.is_file():
         unavailable(f"no {launcher}: run `cargo xtask dist linux-aarch64`")
     p = under_qemu(QEMU, cpu, launcher, "--version", timeout=120)
     assert p.returncode == 0, f"ml_run on {cpu}: exit {p.returncode}\n{p.stderr}"
-    assert f"runs {DIST / ('ml_' + _best(cpu))}\n" in p.stdout, p.stdout
+    assert f"runs {DIST / ('ml_' + best_build(ARCH, cpu))}\n" in p.stdout, p.stdout
     p = under_qemu(QEMU, cpu, launcher, "--list-isas", timeout=120)
     selected = [ln.split()[0] for ln in p.stdout.splitlines() if ln.startswith("ml_") and " * " in f" {ln} "]
-    assert selected == [f"ml_{_best(cpu)}"], p.stdout
+    assert selected == [f"ml_{best_build(ARCH, cpu)}"], p.stdout
 
 
 def test_smollm2_chat_through_ml_run_on_cortex_a76(builds, native, smol):
     """The Raspberry Pi 5 case: ml_run (emulated Cortex-A76) picks
-    neon_dotprod, which answers with the x86-64 build's greedy text."""
+    neon_dotprod (the table's best build for it), which answers with the x86-64 build's greedy text."""
     mlb, mlt = smol("q4_0"), smol("mlt")
     args = [str(mlb), "-z", str(mlt), "--chat", "chatml", "-n", "24", "-p", "What is the capital of France?"]
     want = subprocess.run([str(native), *args], capture_output=True, text=True, timeout=600)
@@ -183,6 +175,6 @@ def test_smollm2_chat_through_ml_run_on_cortex_a76(builds, native, smol):
     got = subprocess.run([QEMU, "-cpu", "cortex-a76", str(DIST / "ml_run"), *args],
                          capture_output=True, text=True, timeout=900, env=env)
     assert got.returncode == 0, got.stderr
-    assert "krafla: isa neon_dotprod," in got.stderr, got.stderr
+    assert f"krafla: isa {best_build(ARCH, 'cortex-a76')}," in got.stderr, got.stderr
     assert "Paris" in want.stdout
     assert got.stdout == want.stdout

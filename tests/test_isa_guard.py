@@ -21,19 +21,24 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_guard, krafla_lines, unavailable, under_qemu
+from conftest import (
+    QEMU_CPU_FEATURES,
+    REPO,
+    assert_guard,
+    best_build,
+    isas,
+    krafla_lines,
+    missing_feature,
+    oldest_cpu,
+    unavailable,
+    under_qemu,
+)
 
 DIST = REPO / "dist" / "linux-x86_64"
-VARIANTS = ["sse2", "sse41", "avx2", "avx512vnni"]
+ARCH = "x86_64"
+VARIANTS = isas(ARCH)  # the variant table's, fastest first
+CPUS = list(QEMU_CPU_FEATURES[ARCH])
 QEMU = shutil.which("qemu-x86_64")
-
-# qemu CPU model -> variant -> None (runs) or the feature the guard must name.
-EXPECT = {
-    "qemu64": {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"},
-    "core2duo": {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"},
-    "Nehalem": {"sse2": None, "sse41": None, "avx2": "avx2", "avx512vnni": "avx512vnni"},
-    "Haswell": {"sse2": None, "sse41": None, "avx2": None, "avx512vnni": "avx512vnni"},
-}
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +56,11 @@ def dist():
     return DIST
 
 
-@pytest.mark.parametrize("cpu", list(EXPECT))
+@pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("isa", VARIANTS)
 def test_guard_on_emulated_cpu(qemu, dist, cpu, isa):
-    assert_guard(under_qemu(qemu, cpu, dist / f"ml_{isa}", "--version", timeout=120), isa, EXPECT[cpu][isa])
+    want = missing_feature(ARCH, isa, cpu)
+    assert_guard(under_qemu(qemu, cpu, dist / f"ml_{isa}", "--version", timeout=120), isa, want)
 
 
 def test_guard_passes_natively(dist):
@@ -96,7 +102,9 @@ def test_emulated_old_builds_match_native_logits(qemu, dist, tiny_llama2, qtype,
     best = native_best(dist)
     want, err = logits([str(dist / f"ml_{best}")], tiny_llama2[qtype], tmp_path / "native.f32")
     assert f"isa {best}," in err
-    for isa, cpu in [("sse2", "qemu64"), ("sse41", "Nehalem")]:
+    # the builds every CPU that runs these tests has (Nehalem's features), each on its oldest CPU model
+    old = [(isa, oldest_cpu(ARCH, isa)) for isa in VARIANTS if missing_feature(ARCH, isa, "Nehalem") is None]
+    for isa, cpu in old:
         got, err = logits([qemu, "-cpu", cpu, str(dist / f"ml_{isa}")], tiny_llama2[qtype], tmp_path / f"{isa}.f32")
         assert f"isa {isa}," in err
         assert got.shape == want.shape
@@ -111,9 +119,9 @@ def test_emulated_old_builds_match_native_logits(qemu, dist, tiny_llama2, qtype,
         assert diff <= 1e-4, f"{qtype}: native ml_{isa} vs ml_{best}: max |logit diff| {diff:.2e}"
 
 
-@pytest.mark.parametrize("cpu,want", [("qemu64", "sse2"), ("core2duo", "sse2"), ("Nehalem", "sse41"),
-                                      ("Haswell", "avx2")])
-def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny_llama2, cpu, want):
+@pytest.mark.parametrize("cpu", CPUS)
+def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny_llama2, cpu):
+    want = best_build(ARCH, cpu)
     # qemu-user emulates ml_run's CPUID; the build it execs runs natively and
     # reports its ISA on the start-up line.
     p = under_qemu(qemu, cpu, dist / "ml_run", tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0")
@@ -127,10 +135,10 @@ def test_launcher_picks_the_fastest_fitting_build(qemu, dist, tiny_llama2, cpu, 
     for isa in VARIANTS:
         row = rows[f"ml_{isa}"].split()
         assert row[1] == "yes", row  # present
-        fits = EXPECT[cpu][isa] is None
-        assert row[2] == ("yes" if fits else "no"), (cpu, row)
-        if not fits:
-            assert f"no ({EXPECT[cpu][isa]})" in rows[f"ml_{isa}"], (cpu, row)
+        lacks = missing_feature(ARCH, isa, cpu)
+        assert row[2] == ("no" if lacks else "yes"), (cpu, row)
+        if lacks:
+            assert f"no ({lacks})" in rows[f"ml_{isa}"], (cpu, row)
         assert (row[3] == "*") == (isa == want), (cpu, row)
 
 
@@ -160,13 +168,14 @@ def test_launcher_forced_isa(qemu, dist, tiny_llama2, tmp_path):
         return subprocess.run([str(dist / "ml_run"), *map(str, a)], capture_output=True, text=True, timeout=120)
 
     for isa in VARIANTS:
-        if EXPECT["Nehalem"][isa] is None:  # every CPU that runs these tests has at least Nehalem's features
+        # every CPU that runs these tests has at least Nehalem's features
+        if missing_feature(ARCH, isa, "Nehalem") is None:
             p = run("--isa", isa, tiny_llama2["q8_0"], "--prompt-ids", "1,2", "-n", "0")
             assert p.returncode == 0 and f"krafla: isa {isa}," in p.stderr, p.stderr
     p = run(tiny_llama2["q8_0"], "--isa=sse2", "--prompt-ids", "1,2", "-n", "0")  # anywhere on the line, = form
     assert p.returncode == 0 and "krafla: isa sse2," in p.stderr, p.stderr
     p = run("--isa", "avx9", tiny_llama2["q8_0"])
-    assert p.returncode == 2 and "unknown ISA 'avx9'" in p.stderr and "avx512vnni, avx2, sse41, sse2" in p.stderr
+    assert p.returncode == 2 and "unknown ISA 'avx9'" in p.stderr and ", ".join(VARIANTS) in p.stderr
     p = run("--isa")
     assert p.returncode == 2 and "--isa needs" in p.stderr
     # The CPU lacks it (emulated Nehalem has no AVX2): a clear error, not the guard's exit 3.

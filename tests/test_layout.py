@@ -18,10 +18,22 @@ import pytest
 
 import mlb
 import mlb_layout
-from conftest import FIXTURES, REPO, logits_bytes, ml_bin, run_ml, run_tool, unavailable
+from conftest import (
+    FIXTURES,
+    REPO,
+    isas,
+    logits_bytes,
+    ml_bin,
+    oldest_cpu,
+    run_ml,
+    run_tool,
+    unavailable,
+    variant_table,
+)
 
-X86_ROWS8 = r"isa (sse2|sse41|avx2|avx512vnni),"
-X86_KQUANT_ROWS8 = r"isa (avx2|avx512vnni),"
+# Every x86-64 build reads eight-row groups; the K-quant ones need AVX2 (avx2/kquant_rows8.rs).
+X86_ROWS8 = rf"isa ({'|'.join(isas('x86_64'))}),"
+X86_KQUANT_ROWS8 = rf"isa ({'|'.join(v['name'] for v in variant_table()['x86_64'] if 'avx2' in v['cpu_features'])}),"
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +193,10 @@ def test_a_bad_layout_is_a_one_line_error(pair, tmp_path):
 def qemu_builds():
     """(label, command prefix) of each ARM build of this checkout in dist/ that qemu can run."""
     out = []
-    for platform, qemu, cpu in [("linux-aarch64", "qemu-aarch64", "cortex-a53"),
-                                ("linux-armv7hf", "qemu-arm", "cortex-a7")]:
-        exe = REPO / "dist" / platform / "ml_neon"
+    for platform, qemu, arch in [("linux-aarch64", "qemu-aarch64", "aarch64"), ("linux-armv7hf", "qemu-arm", "arm")]:
+        baseline = isas(arch)[-1]
+        cpu = oldest_cpu(arch, baseline)
+        exe = REPO / "dist" / platform / f"ml_{baseline}"
         if exe.is_file() and shutil.which(qemu):
             out.append((platform, [shutil.which(qemu), "-cpu", cpu, exe]))
     return out

@@ -37,16 +37,18 @@ import zipfile
 
 import pytest
 
-from conftest import REPO, ServerProcess, unavailable
+from conftest import REPO, ServerProcess, best_build, isas, missing_feature, unavailable
 
 VERSION = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
-ISAS = ["avx512vnni", "avx2", "sse41", "sse2"]
-PLATFORM_ISAS = {
-    "linux-x86_64": ISAS,
-    "windows-x86_64": ISAS,
-    "linux-aarch64": ["sve", "i8mm", "neon_dotprod", "neon"],
-    "linux-armv7hf": ["neon"],
+ISAS = isas("x86_64")  # the variant table's, fastest first
+# platform -> its CPU architecture (as the variant table names it)
+PLATFORM_ARCH = {
+    "linux-x86_64": "x86_64",
+    "windows-x86_64": "x86_64",
+    "linux-aarch64": "aarch64",
+    "linux-armv7hf": "arm",
 }
+PLATFORM_ISAS = {platform: isas(arch) for platform, arch in PLATFORM_ARCH.items()}
 QUESTION = "What is the capital of France?"
 WINE = shutil.which("wine")
 MINGW_GCC = shutil.which("x86_64-w64-mingw32-gcc")
@@ -208,10 +210,10 @@ def test_linux_ml_server_answers(linux, ggufs, tmp_path):
 
 # ---------------------------------------------------------------- ARM (under qemu-user)
 
-# platform -> (qemu-user, CPU model -> the build the launcher must pick there)
+# platform -> (qemu-user, the CPU models to check the launcher on, the oldest first)
 ARM = {
-    "linux-aarch64": ("qemu-aarch64", {"cortex-a53": "neon", "cortex-a76": "neon_dotprod", "max": "sve"}),
-    "linux-armv7hf": ("qemu-arm", {"cortex-a7": "neon", "cortex-a15": "neon"}),
+    "linux-aarch64": ("qemu-aarch64", ["cortex-a53", "cortex-a76", "max"]),
+    "linux-armv7hf": ("qemu-arm", ["cortex-a7", "cortex-a15"]),
 }
 
 
@@ -234,12 +236,14 @@ def test_arm_layout_sums_and_static(arm):
 
 def test_arm_launcher_picks_per_cpu_and_answers(arm, ggufs):
     platform, qemu, folder = arm
-    for cpu, best in ARM[platform][1].items():
+    for cpu in ARM[platform][1]:
+        best = best_build(PLATFORM_ARCH[platform], cpu)
         p = subprocess.run([qemu, "-cpu", cpu, str(folder / "ml_run"), "--version"], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip().endswith(f"ml_{best}"), f"{platform} on {cpu}: {p.stdout}"
-    cpu, best = next(iter(ARM[platform][1].items()))  # the oldest core: a Raspberry Pi 3 / 2
+    cpu = ARM[platform][1][0]  # the oldest core: a Raspberry Pi 3 / 2
+    best = best_build(PLATFORM_ARCH[platform], cpu)
     env = clean_env(ML_RUN_WRAPPER=f"{qemu} -cpu {cpu}")
     for name, gguf in ggufs.items():
         # --type q8_0: under qemu the fitted Q4_0 search of --type auto takes minutes (qemu-arm
@@ -323,13 +327,8 @@ def test_windows_guard_lets_fitting_builds_run(windows):
             assert p.returncode == 0 and "ml_run" in p.stdout, (isa, p.returncode, p.stdout, p.stderr)
 
 
-# qemu CPU model -> the build the launcher must pick, and per build the feature its guard must name.
-EMULATED = {
-    "core2duo": ("sse2", {"sse2": None, "sse41": "sse4.1", "avx2": "avx2", "avx512vnni": "avx512vnni"}),
-    "Nehalem": ("sse41", {"sse2": None, "sse41": None, "avx2": "avx2", "avx512vnni": "avx512vnni"}),
-    "Haswell": ("avx2", {"sse2": None, "sse41": None, "avx2": None, "avx512vnni": "avx512vnni"}),
-}
-
+# The qemu CPU models the Windows launcher and guards are checked on.
+EMULATED = ["core2duo", "Nehalem", "Haswell"]
 
 def test_windows_launcher_and_guard_on_emulated_cpus(windows):
     """wine's loader under qemu-x86_64 -cpu MODEL (WINELOADERNOEXEC keeps it from re-executing
@@ -348,11 +347,12 @@ def test_windows_launcher_and_guard_on_emulated_cpus(windows):
         lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("qemu-x86_64:")]
         return p, lines
 
-    for cpu, (want, guard) in EMULATED.items():
+    for cpu in EMULATED:
         p, err = emulated(cpu, folder / "ml_run.exe", "--version")
         assert p.returncode == 0, (cpu, p.stdout, err)
-        assert p.stdout.strip().endswith(f"\\ml_{want}.exe"), (cpu, p.stdout)
-        for isa, missing in guard.items():
+        assert p.stdout.strip().endswith(f"\\ml_{best_build('x86_64', cpu)}.exe"), (cpu, p.stdout)
+        for isa in ISAS:
+            missing = missing_feature("x86_64", isa, cpu)
             p, err = emulated(cpu, folder / f"ml_{isa}.exe", "--version")
             if missing is None:
                 assert p.returncode == 0 and "ml_run" in p.stdout, (cpu, isa, p.returncode, err)

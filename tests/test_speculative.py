@@ -9,14 +9,25 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, REPO, SPEC_LINE, run_ml, run_tool, runs_here, speculative_matches_plain
+from conftest import (
+    FIXTURES,
+    REPO,
+    SPEC_LINE,
+    isas,
+    oldest_cpu,
+    run_ml,
+    run_tool,
+    runs_here,
+    speculative_matches_plain,
+)
 from test_server import Server
 from test_server_batch import metrics
 
 DIST = REPO / "dist" / "linux-x86_64"
 QEMU = shutil.which("qemu-x86_64")
-# The oldest qemu CPU model each build runs on (avx512vnni: natively, on this machine's CPU).
-CPUS = {"sse2": "qemu64", "sse41": "Nehalem", "avx2": "Haswell", "avx512vnni": None}
+# The oldest qemu CPU model each build runs on (None: natively, on this machine's CPU; qemu-user
+# emulates no AVX-512).
+CPUS = {isa: oldest_cpu("x86_64", isa) for isa in isas("x86_64")}
 PROMPTS = sorted((REPO / "tools" / "speculative_prompts").glob("*.txt"))
 
 

@@ -14,7 +14,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LLAMA=${LLAMA:-$REPO/.cache/llamacpp}
-ISAS=${ISAS:-"sse2 sse41 avx2 avx512vnni"}
+# default: every x86-64 build of the variant table, the baseline first
+ISAS=${ISAS:-$(cargo xtask variants --names x86_64 | tac | tr "\n" " ")}
 THREADS=${THREADS:-"1 2"}
 REPS=${REPS:-2}
 [ $# -ge 1 ] || { echo "usage: $0 FILE.gguf..." >&2; exit 2; }

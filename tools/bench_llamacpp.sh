@@ -26,7 +26,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mkdir -p "${1:-$REPO/.cache/llamacpp}" && cd "${1:-$REPO/.cache/llamacpp}" && pwd)
-ISAS=${ISAS:-"sse2 sse41 avx2 avx512vnni"}
+# default: every x86-64 build of the variant table, the baseline first
+ISAS=${ISAS:-$(cargo xtask variants --names x86_64 | tac | tr "\n" " ")}
 THREADS=${THREADS:-"1 2"}
 VERSION=0.3.36
 PY=${PYTHON:-python3}

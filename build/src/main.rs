@@ -30,6 +30,11 @@
 //!                                     scaled; default all), each for N s
 //!                                     (default 1800), J at a time (default 2); corpus kept in
 //!                                     target/fuzz-corpus/; fails on a crash (docs/FUZZING.md)
+//!   cargo xtask variants [--names ARCH]
+//!                                     the variant table as JSON ({arch: [{name, rustc_features,
+//!                                     cpu_features}],
+//!                                     fastest first}), for the tests and tools that need the
+//!                                     ISA lists; with --names, ARCH's build names, one a line
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -259,6 +264,9 @@ fn test() -> Result<(), String> {
             }
         }
     }
+    // The variant table for the tests' ISA lists (tests/conftest.py reads it).
+    let table = repo_root().join("target/variants.json");
+    std::fs::write(&table, variants_json()).map_err(|e| format!("{}: {e}", table.display()))?;
     let mut pytest = Command::new(python());
     pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]);
     // End-to-end tests go through the launcher of the per-ISA builds when they
@@ -268,6 +276,52 @@ fn test() -> Result<(), String> {
         pytest.env("KRAFLA_BIN", &launcher);
     }
     run(&mut pytest)
+}
+
+/// The variant tables of every architecture, under `std::env::consts::ARCH`'s names.
+const ARCH_VARIANTS: [(&str, &[Variant]); 3] =
+    [("x86_64", X86_64_VARIANTS), ("aarch64", AARCH64_VARIANTS), ("arm", ARM_VARIANTS)];
+
+/// The table as JSON: `{"x86_64": [{"name": "avx512vnni", "rustc_features": "+avx,...",
+/// "cpu_features": [...]}, ...], ...}`,
+/// each list fastest first. Names and features are plain ASCII words: no escaping needed.
+fn variants_json() -> String {
+    let quoted = |items: &[&str]| items.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
+    let arches: Vec<String> = ARCH_VARIANTS
+        .iter()
+        .map(|(arch, vs)| {
+            let rows: Vec<String> = vs
+                .iter()
+                .map(|v| {
+                    format!(
+                        "{{\"name\": \"{}\", \"rustc_features\": \"{}\", \"cpu_features\": [{}]}}",
+                        v.name,
+                        v.rustc_features,
+                        quoted(v.cpu_features)
+                    )
+                })
+                .collect();
+            format!("\"{arch}\": [{}]", rows.join(", "))
+        })
+        .collect();
+    format!("{{{}}}", arches.join(", "))
+}
+
+fn variants_command(args: &[String]) -> Result<(), String> {
+    match args {
+        [] => println!("{}", variants_json()),
+        [flag, arch] if flag == "--names" => {
+            let (_, vs) = ARCH_VARIANTS
+                .iter()
+                .find(|(a, _)| a == arch)
+                .ok_or_else(|| format!("unknown architecture '{arch}' (x86_64, aarch64, arm)"))?;
+            for v in vs.iter() {
+                println!("{}", v.name);
+            }
+        }
+        _ => return Err("usage: cargo xtask variants [--names ARCH]".into()),
+    }
+    Ok(())
 }
 
 /// The variants of `all` selected by `--isa NAME` (all when None).
@@ -568,9 +622,10 @@ fn main() {
         Some("lint") => lint(),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
+        Some("variants") => variants_command(&args[1..]),
         _ => Err("usage: cargo xtask quickstart [PROMPT] | models [DIR] | test | dist PLATFORM [--isa NAME] \
                   | release PLATFORM | lint | check-static FILE... | kernel-tests [--isa NAME] \
-                  | fuzz [TARGET] [--seconds N] [--jobs J]"
+                  | fuzz [TARGET] [--seconds N] [--jobs J] | variants [--names ARCH]"
             .to_string()),
     };
     if let Err(e) = result {

@@ -13,7 +13,9 @@
 //! * the start-up CPU guard (`variants/src/guard*.rs`) checks the row's
 //!   `cpu_features`;
 //! * the launcher `ml_run` (`launcher/src/`) picks the first variant of
-//!   `variants_for(ARCH)` whose `cpu_features` this CPU has.
+//!   `variants_for(ARCH)` whose `cpu_features` this CPU has;
+//! * `cargo xtask variants` prints it as JSON for the end-to-end tests
+//!   (`tests/conftest.py`) and the benchmark scripts (`tools/*.sh`).
 //!
 //! Plain `core` only, so any crate (and a build script) can include it.
 
