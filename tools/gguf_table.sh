@@ -1,5 +1,6 @@
 #!/bin/bash
-# The README's GGUF table: for each source GGUF, Krafla running the file
+# The GGUF table of docs/PERFORMANCE.md (#gguf-files-beside-llamacpp): for
+# each source GGUF, Krafla running the file
 # directly with --type q8_0, q4_0 and auto against llama.cpp running the same
 # file: perplexity (llama.cpp's protocol, both sides: 16 chunks of 512 tokens
 # of Hamlet, second half of each chunk scored), and the time to the first

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How often a model closes a `json_object` answer within max_tokens (README
-"Structured output").
+"""How often a model closes a `json_object` answer within max_tokens
+(docs/QUANT.md#closing-a-json_object-answer).
 
     python3 tools/json_object_rate.py [--bin ML_RUN] [-n 300] [MODEL] [-- OPTION ...]
 

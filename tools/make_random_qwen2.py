@@ -4,7 +4,8 @@
     python3 tools/make_random_qwen2.py [-o model-f16.gguf] [--tokenizer DIR] [--seed 0]
     llama-quantize model-f16.gguf qwen2.5-1.5b-random-Q4_K_M.gguf Q4_K_M
 
-(the README's GGUF table times this file; tools/bench_llamacpp.sh builds llama-quantize).
+(docs/PERFORMANCE.md#gguf-files-beside-llamacpp times this file; tools/bench_llamacpp.sh
+builds llama-quantize).
 
 Matrices F16 (std 0.02), norms F32 (1.0), q/k/v biases F32 (std 0.002),
 tied embeddings (no output.weight). Metadata as convert_hf_to_gguf.py writes for

@@ -514,7 +514,7 @@ K_RULES = ("search", "minmax")
 K_RULE = "search"
 # Offsets added to nmax in the search's inverse scale (nmax + o) / (max − min')
 # (Q6_K: −(32 + o) / x_a).  llama.cpp steps them by 0.1; steps of 0.2 halve the
-# time for +0.4 % squared weight error (docs/QUANT.md, "Speed").
+# time for +0.4 % squared weight error (docs/QUANT.md, the "Speed." paragraph of `--type q4_k_m`).
 K_SEARCH_KMIN = {Q4_K: np.arange(-5, 6, dtype=np.float32) * np.float32(0.2),
                  Q5_K: np.arange(-2, 6, dtype=np.float32) * np.float32(0.2)}
 K_SEARCH_Q6 = np.arange(-4, 5, dtype=np.float32) * np.float32(0.2)

@@ -1,5 +1,5 @@
 //! How fast this build's quantiser turns real weights into Q4_0 and Q8_0,
-//! on one thread (docs/QUANT.md, Speed).
+//! on one thread (docs/QUANT.md#conversion-speed).
 //!
 //! Usage: `quantize_speed MODEL.gguf [MAX_WEIGHTS]`: the 2-D layer matrices
 //! of the file, in file order, that fit in MAX_WEIGHTS weights (default 64M) are

@@ -141,7 +141,7 @@ pub(crate) use q6k_rows8_n;
 
 /// How far ahead of the super-block being read `prefetch_ahead` asks for
 /// cache lines, in bytes, into L2 (`_MM_HINT_T1`). Chosen on the 1.5B
-/// Q4_K_M file's decode (docs/PERFORMANCE.md): 6–12 KiB into L2 gained
+/// Q4_K_M file's decode (docs/PERFORMANCE.md#q4_k_m-files-run-as-they-are): 6–12 KiB into L2 gained
 /// ~10 % over none at one thread; into L1 (`T0`) lost 25 %.
 pub(crate) const PREFETCH_AHEAD: usize = 12288;
 
