@@ -5,9 +5,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, isas, run_ml, run_tool, runs_here, unavailable
+from conftest import FIXTURES, REPO, FixtureJson, isas, run_ml, run_tool, runs_here, unavailable
 
-REAL = json.loads((FIXTURES / "real" / "gemma3-270m.json").read_text())
+REAL = FixtureJson(FIXTURES / "real" / "gemma3-270m.json")
 
 
 @pytest.fixture(scope="module")

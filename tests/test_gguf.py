@@ -11,10 +11,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, run_ml, run_tool
+from conftest import FIXTURES, REPO, FixtureJson, run_ml, run_tool
 
-REAL = {name: json.loads((FIXTURES / "real" / f"{name}.json").read_text())
-        for name in ("smollm2-135m", "gemma3-270m")}
+REAL = {name: FixtureJson(FIXTURES / "real" / f"{name}.json") for name in ("smollm2-135m", "gemma3-270m")}
 
 
 @pytest.fixture(scope="module")

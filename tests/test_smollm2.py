@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_ml
+from conftest import FIXTURES, FixtureJson, run_ml
 
-REAL = json.loads((FIXTURES / "real" / "smollm2-135m.json").read_text())
+REAL = FixtureJson(FIXTURES / "real" / "smollm2-135m.json")
 
 
 def test_f32_matches_transformers_top20_and_greedy(smol, tmp_path):

@@ -118,9 +118,10 @@ def test_json_object_completions_and_llama_cpp_fields(server):
     # json_object bounds neither strings nor the object's size: greedy
     # SmolLM2-135M closed its object within 300 tokens on 10 of 20 prompts
     # in Q8_0 and 3 to 5 of 20 in Q4_0 (max, fit, importance-weighted; the
-    # others repeat a key or a string until max_tokens, README "Structured
-    # output"). This prompt is one that Q8_0 and the default and max Q4_0
-    # rules finish, so the test checks the plumbing: an object and "stop".
+    # others repeat a key or a string until max_tokens,
+    # docs/QUANT.md#closing-a-json_object-answer). This prompt is one that
+    # Q8_0 and the default and max Q4_0 rules finish, so the test checks the
+    # plumbing: an object and "stop".
     r = client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": "Give me a JSON object with a person's name and age."}],
         response_format={"type": "json_object"}, max_tokens=300, temperature=0)
