@@ -155,3 +155,19 @@ def test_bench_refuses_lengths_beyond_the_context(smollm2_gguf):
 def test_thread_counts_beyond_any_machine_are_refused(tiny_mlb):
     assert_clean_error(run_ml(tiny_mlb, "--prompt-ids", "1", "-n", "1", "-t", "100000", check=False, timeout=30),
                        "at most 1024 threads")
+
+
+def test_running_out_of_memory_is_the_machines_fault(smollm2_gguf):
+    """A KV cache the address space cannot hold: one line naming it and --ctx, exit 71 (the machine's
+    fault, not the input's 2). SmolLM2 at --ctx 8192 needs 2 x 180 MiB of f32 cache beside its ~230 MiB
+    load; 420 MiB of address space holds the load but not the cache."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (420 << 20, 420 << 20))
+
+    p = subprocess.run([str(ml_bin()), smollm2_gguf, "--ctx", "8192", "--prompt-ids", "1,2", "-n", "1", "-t", "1"],
+                       capture_output=True, text=True, timeout=300, preexec_fn=limit, stdin=subprocess.DEVNULL)
+    assert p.returncode == 71, f"exit {p.returncode}: {p.stderr}"
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--ctx 8192: cannot allocate the" in lines[0] and "cache" in lines[0], p.stderr

@@ -16,7 +16,8 @@
 //!   cargo xtask release PLATFORM      dist/krafla-<version>-PLATFORM.tar.gz (linux) or .zip
 //!                                     (windows): ml_run, ml_server, every ml_<isa>, README.md,
 //!                                     LICENSE, SHA256SUMS; executables stripped and checked static
-//!   cargo xtask lint                  cargo fmt --check, then clippy with warnings denied for the
+//!   cargo xtask lint                  cargo fmt --check, the layer order of shared/src/lib.rs, then
+//!                                     clippy with warnings denied for the
 //!                                     host build and every variant of every platform whose Rust
 //!                                     target is installed (each with its target features)
 //!   cargo xtask check-static FILE...  each FILE a static (no PT_INTERP/DT_NEEDED; Windows:
@@ -42,6 +43,7 @@ use std::process::Command;
 
 mod archive;
 mod fuzz;
+mod layers;
 mod static_check;
 mod variants;
 use variants::{Variant, AARCH64_VARIANTS, ARM_VARIANTS, X86_64_VARIANTS};
@@ -541,6 +543,7 @@ fn release(platform_name: &str) -> Result<(), String> {
 /// kernel module is linted in the build that compiles it.
 fn lint() -> Result<(), String> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    layers::check(&repo_root().join("shared/src"))?;
     let deny = ["--", "-D", "warnings"];
     run(cargo().args(["clippy", "--release", "--workspace", "--all-targets"]).args(deny))?;
     // The variants: every package but xtask, a host tool; their tests (the

@@ -85,7 +85,7 @@ pub fn gguf(data: &[u8]) {
                 one_line(&e);
             }
         }
-        Err(e) => one_line(&e),
+        Err(e) => one_line(e.message()),
     }
 }
 

@@ -1,15 +1,17 @@
 //! Krafla inference core, laid out by layer along the data path (each
 //! layer uses only the ones above it; docs/ARCHITECTURE.md):
 //!
+//! * `fault`: whose fault an error is (input, resource, internal);
 //! * `quant`: the quantised block layouts (weights as stored, activations);
 //! * `format`: the `.mlb`, `.mlt` and GGUF files, over one bounds-checked
 //!   reader;
-//! * `import`: a GGUF model and its tokenizer made into `.mlb` and `.mlt`
-//!   ones at load time (conversion on all threads);
 //! * `kernels`: the per-ISA kernels behind one trait, chosen when compiling,
 //!   and the matrix multiply;
 //! * `tokenizer`: byte-level and SentencePiece BPE;
 //! * `model`: configuration, weights, KV cache and the one forward pass;
+//! * `import`: a GGUF model and its tokenizer made into `.mlb` and `.mlt`
+//!   ones at load time (conversion on all threads; the importance matrix
+//!   measured by running the model on a text, `import::calibrate`);
 //! * `grammar`: constrained decoding (JSON Schema, GBNF) as token masks;
 //! * `sampler`, `generate`: picking tokens, and the one generation loop
 //!   (prompt in batches, decoding, stop tokens, UTF-8 text);
@@ -18,6 +20,7 @@
 //!   `--perplexity`, the OpenAI-compatible server.
 pub mod app;
 pub mod chat;
+pub mod fault;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzz_entry;

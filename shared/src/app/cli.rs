@@ -17,11 +17,12 @@ use super::options::{startup_line, ModelFile, RunArgs};
 use super::speculative_options::SpecArgs;
 use super::stdout;
 use crate::chat::PromptText;
+use crate::fault::Fault;
 use crate::generate::{DecodeParams, Generator, Token};
 use crate::grammar::{self, Constrained, Grammar, Vocab};
 use crate::import::calibrate;
 use crate::import::imatrix::Imatrix;
-use crate::model::LogitsFor;
+use crate::model::{check_prompt, LogitsFor};
 use crate::sampler::{self, SamplerConfig, SettingRange};
 use crate::tokenizer::Tokenizer;
 
@@ -149,7 +150,7 @@ fn setting(range: &'static SettingRange) -> impl Fn(&str) -> Result<f32, String>
 }
 
 /// `ml_run ARGS`.
-pub fn main(argv: Vec<OsString>) -> Result<(), String> {
+pub fn main(argv: Vec<OsString>) -> Result<(), Fault> {
     // llama-bench spells these with one dash.
     let argv = argv
         .into_iter()
@@ -167,7 +168,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), String> {
     if args.tokenize {
         let tok = tokenizer.as_ref().ok_or("--tokenize needs a tokenizer (-z, or a GGUF model)")?;
         let ids = text.unwrap_or_default().encode(tok, true);
-        return stdout::line(&format!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")));
+        return Ok(stdout::line(&format!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")))?);
     }
     let (pool, threads) = args.run.thread_pool()?;
     // Everything below runs on a pool thread, so parallel loops start inside the pool.
@@ -215,7 +216,7 @@ fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<Prom
     })
 }
 
-fn write_imatrix(path: &Path, imatrix: &Imatrix) -> Result<(), String> {
+fn write_imatrix(path: &Path, imatrix: &Imatrix) -> Result<(), Fault> {
     crate::format::write_atomic(path, |out| out.write_all(&imatrix.to_bytes()))?;
     eprintln!("importance matrix of {} matrices written to {}", imatrix.entries.len(), path.display());
     Ok(())
@@ -230,7 +231,7 @@ fn run_model(
     threads: usize,
     started: Instant,
     grammar: Option<Arc<Grammar>>,
-) -> Result<(), String> {
+) -> Result<(), Fault> {
     let (Some(model_path), Some(file)) = (args.model.as_ref(), file) else {
         return Err(
             "no model given (ml_run MODEL.gguf -p PROMPT, or ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)".into()
@@ -264,7 +265,7 @@ fn run_model(
         let text = super::read_text_file(path, super::MAX_TEXT_FILE, "the text")?;
         let ctx = args.run.ctx.unwrap_or(512);
         if ctx < 4 || ctx > model.config.context_length {
-            return Err(format!("--ctx {ctx} must be within 4..={}", model.config.context_length));
+            return Err(format!("--ctx {ctx} must be within 4..={}", model.config.context_length).into());
         }
         let state = args.run.state(&model, ctx)?;
         eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
@@ -296,7 +297,7 @@ fn run_model(
         let params = decode_params(args, tokenizer.as_ref(), grammar.clone())?;
         let speculator = plan.speculator(ctx)?;
         let generator = Generator::new(model, state, args.run.batch);
-        return interactive::run(
+        return Ok(interactive::run(
             generator,
             speculator,
             tok,
@@ -304,7 +305,7 @@ fn run_model(
             args.run.system.as_deref(),
             params,
             args.n_predict,
-        );
+        )?);
     }
 
     let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
@@ -313,16 +314,8 @@ fn run_model(
         (None, Some(_), None) => return Err("a text prompt needs a tokenizer (-z), or use --prompt-ids".into()),
         (None, None, _) => return Err("no prompt: give -p, -f or --prompt-ids".into()),
     };
-    if prompt.is_empty() {
-        return Err("the prompt is empty".into());
-    }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(format!("token id {bad} is outside the vocabulary (size {vocab})"));
-    }
     let ctx = args.run.ctx(&model)?;
-    if prompt.len() > ctx {
-        return Err(format!("the prompt has {} tokens, more than the context of {ctx}", prompt.len()));
-    }
+    check_prompt(&prompt, vocab, ctx).map_err(|e| e.to_string())?;
     let state = args.run.state(&model, ctx)?;
     let plan = args.spec.plan(&model, tokenizer.as_ref(), args.run.batch)?;
     eprintln!("{}", startup_line(model_path, &model, load_secs, threads, ctx, &state, args.run.kv));
@@ -358,7 +351,7 @@ fn run_model(
         stdout::write(t.text.as_bytes()).map_err(|e| write_error = Some(e)).is_ok()
     })?;
     if let Some(e) = write_error {
-        return Err(e);
+        return Err(e.into());
     }
     let gen_secs = t1.elapsed().as_secs_f64();
     if text_out.is_none() {

@@ -12,6 +12,7 @@ use half::f16;
 
 use rayon::prelude::*;
 
+use crate::fault::Fault;
 use crate::generate::Generator;
 use crate::kernels::{Arch, Kernels, ISA};
 use crate::model::{KvType, LogitsFor, Model, State};
@@ -96,17 +97,17 @@ pub fn int8_mac_peak() -> f64 {
 
 /// Prints llama-bench-style markdown rows for prompt processing and
 /// generation, then the decode roofline.
-pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(), String> {
+pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(), Fault> {
     let c = &model.config;
     if cfg.prompt_tokens > c.context_length || cfg.gen_tokens >= c.context_length {
-        return Err(format!(
+        return Err(Fault::Input(format!(
             "--bench: --pp {} / --tg {} do not fit the model's context of {} tokens (at most --pp {} and --tg {})",
             cfg.prompt_tokens,
             cfg.gen_tokens,
             c.context_length,
             c.context_length,
             c.context_length - 1
-        ));
+        )));
     }
     let ctx = cfg.prompt_tokens.max(cfg.gen_tokens + 1);
     let size_gib = model.file.file_len() as f64 / (1u64 << 30) as f64;
@@ -183,12 +184,12 @@ pub fn bench(model: Arc<Model>, model_name: &str, cfg: &BenchConfig) -> Result<(
         }
         None => String::new(),
     };
-    stdout::line(&format!(
+    Ok(stdout::line(&format!(
         "int8 peak: {:.1} GMAC/s ({}, {} threads){achieved}",
         peak / 1e9,
         Arch::INT8_PEAK,
         cfg.threads
-    ))
+    ))?)
 }
 
 /// What `perplexity` does with the scored positions' distributions besides

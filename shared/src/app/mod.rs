@@ -13,11 +13,9 @@ pub mod options;
 pub mod server;
 pub mod speculative_options;
 pub mod stdout;
+mod value_enums;
 
-/// Exit code for bad input files, arguments or requests.
-pub const EXIT_BAD_INPUT: i32 = 2;
-
-/// Entry point of every executable; returns the process exit code.
+/// Entry point of every executable; returns the process exit code (`Fault::exit_code`).
 pub fn main() -> i32 {
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // `ml_run --server ...` (and the `ml_server` launcher name) runs the HTTP server.
@@ -29,10 +27,10 @@ pub fn main() -> i32 {
     };
     match result {
         Ok(()) => 0,
-        Err(msg) => {
+        Err(fault) => {
             // not eprintln!, which panics when stderr is closed too
-            let _ = writeln!(std::io::stderr(), "krafla: {}", escape_line(&msg));
-            EXIT_BAD_INPUT
+            let _ = writeln!(std::io::stderr(), "krafla: {}", escape_line(fault.message()));
+            fault.exit_code()
         }
     }
 }

@@ -10,6 +10,7 @@ use clap::builder::PossibleValue;
 use clap::ValueEnum;
 
 use crate::chat::Template;
+use crate::fault::Fault;
 use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt::{self, RawTokenizer};
@@ -150,7 +151,7 @@ impl RunArgs {
     /// The model file (a GGUF file opened, its tokenizer read from it) and
     /// the tokenizer: `-z`, else the GGUF file's. `--save-tokenizer` writes
     /// the tokenizer here.
-    pub fn open(&self, model: Option<&Path>) -> Result<(Option<ModelFile>, Option<Tokenizer>), String> {
+    pub fn open(&self, model: Option<&Path>) -> Result<(Option<ModelFile>, Option<Tokenizer>), Fault> {
         let file = model.map(ModelFile::open).transpose()?;
         if self.convert_type.is_some() && !matches!(file, Some(ModelFile::Gguf(_))) {
             return Err("--type applies to GGUF models only".into());
@@ -195,7 +196,7 @@ impl RunArgs {
         file: ModelFile,
         tokenizer: Option<&Tokenizer>,
         record_inputs: bool,
-    ) -> Result<Arc<Model>, String> {
+    ) -> Result<Arc<Model>, Fault> {
         let mlb = match file {
             ModelFile::Mlb(path) => Mlb::open(&path)?,
             ModelFile::Gguf(g) => {
@@ -234,8 +235,9 @@ impl RunArgs {
     }
 
     /// A sequence's state for `ctx` positions with the `--kv` cache.
-    pub fn state(&self, model: &Model, ctx: usize) -> Result<State, String> {
-        State::with_kv(&model.config, ctx, self.kv).map_err(|e| format!("--kv {} --ctx {ctx}: {e}", self.kv.name()))
+    pub fn state(&self, model: &Model, ctx: usize) -> Result<State, Fault> {
+        State::with_kv(&model.config, ctx, self.kv)
+            .map_err(|e| e.context(format!("--kv {} --ctx {ctx}", self.kv.name())))
     }
 
     /// The chat template: `--chat`, or with `auto` the tokenizer file's;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::options::{check_vocab_sizes, ModelFile};
+use crate::fault::Fault;
 use crate::format::mlb::Mlb;
 use crate::generate::{DraftModel, Sequence, Source, Speculator};
 use crate::import::gguf::import_model;
@@ -44,15 +45,15 @@ pub enum SpecPlan {
 
 impl SpecArgs {
     /// Checks the options and loads the draft model (with `target`'s vocabulary).
-    pub fn plan(&self, target: &Model, tokenizer: Option<&Tokenizer>, batch: usize) -> Result<SpecPlan, String> {
+    pub fn plan(&self, target: &Model, tokenizer: Option<&Tokenizer>, batch: usize) -> Result<SpecPlan, Fault> {
         if self.lookup > 16 {
-            return Err(format!("--lookup {} must be from 0 to 16", self.lookup));
+            return Err(format!("--lookup {} must be from 0 to 16", self.lookup).into());
         }
         if !(1..=32).contains(&self.draft_max) {
-            return Err(format!("--draft-max {} must be from 1 to 32", self.draft_max));
+            return Err(format!("--draft-max {} must be from 1 to 32", self.draft_max).into());
         }
         if self.draft_min > self.draft_max {
-            return Err(format!("--draft-min {} must be at most --draft-max {}", self.draft_min, self.draft_max));
+            return Err(format!("--draft-min {} must be at most --draft-max {}", self.draft_min, self.draft_max).into());
         }
         let (lookup, draft) = (self.lookup, self.draft.as_ref());
         if lookup > 0 && draft.is_some() {
@@ -62,7 +63,8 @@ impl SpecArgs {
             return Err(format!(
                 "speculative decoding needs a model that can rewind its cache; {} has recurrent (DeltaNet) layers",
                 target.config.arch
-            ));
+            )
+            .into());
         }
         if lookup > 0 {
             return Ok(SpecPlan::Lookup { ngram: lookup, sizes: (self.draft_min, self.draft_max) });
@@ -81,7 +83,7 @@ impl SpecArgs {
         };
         let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;
         if model.config.layer_kinds.contains(&LayerKind::DeltaNet) {
-            return Err(format!("--draft {shown}: a draft model with recurrent (DeltaNet) layers cannot rewind"));
+            return Err(format!("--draft {shown}: a draft model with recurrent (DeltaNet) layers cannot rewind").into());
         }
         if model.config.vocab_size != target.config.vocab_size {
             let tokens = tokenizer.map_or(target.config.vocab_size, |t| t.vocab_size());
@@ -97,7 +99,7 @@ impl SpecPlan {
     }
 
     /// A speculator for one sequence of up to `ctx` positions.
-    pub fn speculator(&self, ctx: usize) -> Result<Option<Speculator>, String> {
+    pub fn speculator(&self, ctx: usize) -> Result<Option<Speculator>, Fault> {
         Ok(match self {
             SpecPlan::Off => None,
             SpecPlan::Lookup { ngram, sizes } => Some(Speculator::new(Source::Lookup { ngram: *ngram }, *sizes)),

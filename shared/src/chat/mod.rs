@@ -17,21 +17,14 @@ pub use prompt::PromptText;
 pub use tools::{CallSyntax, Tool, ToolCall};
 
 /// A template kind (`--chat`, and the kind a `.mlt` file records).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Template {
-    /// `<|im_start|>role ... <|im_end|>` (SmolLM2, Qwen2)
     Chatml,
-    /// ChatML with thinking off: an empty `<think>` block (Qwen3)
     Qwen3,
-    /// `[INST] <<SYS>> ... [/INST]`
     Llama2,
-    /// `<|start_header_id|>role<|end_header_id|> ... <|eot_id|>`
     Llama3,
-    /// `[INST] ... [/INST]`
     Mistral,
-    /// `<start_of_turn>user ... <end_of_turn>`
     Gemma,
-    /// `<|user|> ... </s>` (TinyLlama)
     Zephyr,
 }
 
@@ -61,6 +54,29 @@ impl Message {
 }
 
 impl Template {
+    pub const ALL: [Template; 7] = [
+        Template::Chatml,
+        Template::Qwen3,
+        Template::Llama2,
+        Template::Llama3,
+        Template::Mistral,
+        Template::Gemma,
+        Template::Zephyr,
+    ];
+
+    /// What it looks like, for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            Template::Chatml => "`<|im_start|>role ... <|im_end|>` (SmolLM2, Qwen2)",
+            Template::Qwen3 => "ChatML with thinking off: an empty `<think>` block (Qwen3)",
+            Template::Llama2 => "`[INST] <<SYS>> ... [/INST]`",
+            Template::Llama3 => "`<|start_header_id|>role<|end_header_id|> ... <|eot_id|>`",
+            Template::Mistral => "`[INST] ... [/INST]`",
+            Template::Gemma => "`<start_of_turn>user ... <end_of_turn>`",
+            Template::Zephyr => "`<|user|> ... </s>` (TinyLlama)",
+        }
+    }
+
     /// The name `--chat` and `.mlt` files use.
     pub fn name(self) -> &'static str {
         match self {
@@ -76,7 +92,7 @@ impl Template {
 
     /// The template called `name`, if there is one.
     pub fn from_name(name: &str) -> Option<Template> {
-        <Template as clap::ValueEnum>::from_str(name, false).ok()
+        Template::ALL.into_iter().find(|t| t.name() == name)
     }
 
     /// One user turn, after `system` when given.
@@ -328,7 +344,6 @@ fn with_tools_written(syntax: CallSyntax, messages: &[Message], tools: &[Tool]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::ValueEnum;
 
     fn msg(role: Role, c: &str) -> Message {
         Message::new(role, c)
@@ -336,7 +351,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for &t in Template::value_variants() {
+        for t in Template::ALL {
             assert_eq!(Template::from_name(t.name()), Some(t));
         }
         assert_eq!(Template::from_name("nope"), None);
@@ -359,14 +374,14 @@ mod tests {
             Template::Qwen3.format_turn(None, "Hi"),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         );
-        for &t in Template::value_variants() {
+        for t in Template::ALL {
             assert!(t.format_turn(None, "question?").as_str().contains("question?"));
         }
     }
 
     #[test]
     fn default_system_and_request_system() {
-        for &t in Template::value_variants() {
+        for t in Template::ALL {
             let want = t.format_turn(Some("Be brief."), "Hi there?");
             let got = t.format(Some("Be brief."), &[msg(Role::User, "Hi there?")]).unwrap();
             assert_eq!(got, want, "{t:?}: the default system prompt");
@@ -496,7 +511,7 @@ mod tests {
         let mut result = msg(Role::Tool, EVIL);
         result.tool_call_id = EVIL.into();
         let conv = [msg(Role::System, EVIL), msg(Role::User, EVIL), call, result];
-        for &t in Template::value_variants() {
+        for t in Template::ALL {
             for (conv, tools) in [(&conv[..2], &[][..]), (&conv[..], &tools[..])] {
                 let Ok(p) = t.format_with_tools(Some(EVIL), conv, tools) else { continue };
                 let text = p.as_str();

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::bytes::ByteReader;
+use crate::fault::Fault;
 use crate::quant::{
     repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
     BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
@@ -280,7 +281,7 @@ impl Mlb {
         meta: Vec<(String, MetaValue)>,
         tensors: Vec<TensorInfo>,
         path: String,
-    ) -> Result<Mlb, String> {
+    ) -> Result<Mlb, Fault> {
         let base = converted_start(source.len());
         let converted_len = converted.len() * 8;
         for t in &tensors {
@@ -292,7 +293,7 @@ impl Mlb {
                 None => false,
             };
             if size != Some(t.len as u64) || !inside {
-                return Err(format!("{path}: tensor '{}' was assembled wrongly (an internal error)", t.name));
+                return Err(Fault::Internal(format!("{path}: tensor '{}' was assembled wrongly", t.name)));
             }
         }
         let saved: Vec<_> = tensors.iter().map(saved_entry).collect();
@@ -301,7 +302,7 @@ impl Mlb {
             (Some(&o), Some(t)) => (head.len() as u64 + o + t.4 as u64).next_multiple_of(DATA_ALIGN) as usize,
             _ => head.len(),
         };
-        Self::build(source, converted, meta, tensors, path, file_len)
+        Ok(Self::build(source, converted, meta, tensors, path, file_len)?)
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -341,7 +342,7 @@ impl Mlb {
     /// `tools/mlb.py`'s `write_mlb` writes for the same metadata and tensors,
     /// each matrix in its `saved_layout` (through a temporary file renamed
     /// over `path`, so a failure leaves nothing half-written).
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), Fault> {
         let saved: Vec<_> = self.tensors.iter().map(saved_entry).collect();
         let (head, offsets) = header(self.meta_in_order(), saved.iter().copied());
         super::write_atomic(path, |out| {

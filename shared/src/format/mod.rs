@@ -9,13 +9,15 @@ pub mod gguf;
 pub mod mlb;
 pub mod mlt;
 
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, ErrorKind, Write};
 use std::path::Path;
+
+use crate::fault::Fault;
 
 /// Writes a file through `write` into a temporary file beside `path`,
 /// synced and then renamed over `path`: a failure leaves nothing
 /// half-written. Errors are one line naming `path`.
-pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), String> {
+pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), Fault> {
     let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().map_or("out".into(), |n| n.to_string_lossy())));
     let written = std::fs::File::create(&tmp).and_then(|file| {
         let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -24,6 +26,11 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::
     });
     written.and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        format!("{}: cannot write: {e}", path.display())
+        let message = format!("{}: cannot write: {e}", path.display());
+        match e.kind() {
+            // the disk, not the path
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::OutOfMemory => Fault::Resource(message),
+            _ => Fault::Input(message),
+        }
     })
 }

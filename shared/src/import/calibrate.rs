@@ -18,6 +18,7 @@ use std::sync::Arc;
 use super::gguf::import_model;
 use super::imatrix::Imatrix;
 use super::{ConvertType, ImportOptions};
+use crate::fault::Fault;
 use crate::format::gguf::Gguf;
 use crate::model::{LoadOptions, LogitsFor, Model, State};
 use crate::tokenizer::Tokenizer;
@@ -47,7 +48,7 @@ pub fn tokens(layer_weights: u64) -> usize {
 /// model loaded as it would run (with its eight-row copies: on a Q4_K_M
 /// file of 1.5B weights the copy takes 0.3 s and saves 0.8 s of the
 /// 128-token pass). The forward pass gives the same bits either way.
-pub fn imatrix(path: &Path, tokenizer: &Tokenizer) -> Result<Imatrix, String> {
+pub fn imatrix(path: &Path, tokenizer: &Tokenizer) -> Result<Imatrix, Fault> {
     let mlb = import_model(Gguf::open(path)?, &ImportOptions::new(ConvertType::Q8_0))?;
     let mut model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;
     model.record_inputs();
@@ -56,7 +57,7 @@ pub fn imatrix(path: &Path, tokenizer: &Tokenizer) -> Result<Imatrix, String> {
 
 /// The importance matrix of a model that records its inputs
 /// (`Model::record_inputs`), over the first `tokens` of `TEXT`.
-pub fn measure(model: &Model, tokenizer: &Tokenizer) -> Result<Imatrix, String> {
+pub fn measure(model: &Model, tokenizer: &Tokenizer) -> Result<Imatrix, Fault> {
     let layer_weights = model.file.tensors.iter().filter(|t| t.name.starts_with("blk.")).map(|t| t.n_elements()).sum();
     let mut tokens = tokenizer.encode(TEXT, true);
     tokens.truncate(self::tokens(layer_weights).min(model.config.context_length));

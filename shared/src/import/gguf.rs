@@ -14,10 +14,10 @@ use super::families::{self, Family, FULL, SLIDING};
 use super::mixed;
 use super::quantize::{quantize_q4_0, quantize_q8_0, Q4Rule, BAND_ROWS};
 use super::{ConvertType, ImportOptions};
+use crate::fault::Fault;
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
 use crate::format::mlb::{converted_start, Layout, MetaValue, Mlb, TensorInfo, TensorType, DATA_ALIGN};
-use crate::kernels::{Arch, Kernels};
-use crate::model::LIMIT_LAYERS;
+use crate::model::{groups_used_in_place, LIMIT_LAYERS};
 use crate::quant::{all_finite, dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
 
 /// GGUF per-layer tensor names (before `.weight` / `.bias`) → `.mlb` names.
@@ -55,7 +55,7 @@ const REQUIRED_GEMMA: &[&str] = &["post_attention_norm.weight", "post_ffw_norm.w
 const Q8_KINDS: &[&str] = &["token_embd", "output"];
 
 /// The `.mlb` model of a GGUF file, converted by `opts`' rules.
-pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
+pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, Fault> {
     let ctype = opts.ctype;
     let path = g.path.clone();
     if ctype == ConvertType::Auto && opts.requantize {
@@ -104,7 +104,7 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
     // zeroed by the allocator (fresh pages from the system: no pass over
     // them here), then written by the tasks on all threads
     let mut converted: Vec<u64> = bytemuck::allocation::try_zeroed_slice_box(converted_total / 8)
-        .map_err(|_| format!("{path}: cannot allocate {converted_total} bytes"))?
+        .map_err(|_| Fault::Resource(format!("{path}: cannot allocate {converted_total} bytes")))?
         .into_vec();
     let mut tasks = Vec::new();
     let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut converted);
@@ -177,7 +177,7 @@ pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, String> {
         )
         .collect();
     if let Some(e) = errors.into_iter().flatten().next() {
-        return Err(format!("{path}: {e}"));
+        return Err(format!("{path}: {e}").into());
     }
 
     Mlb::assemble(g.into_map(), converted, meta, infos, path)
@@ -212,16 +212,16 @@ fn too_large(ttype: TensorType, encoded: &[u8], first_value: usize) -> Option<St
     }
 }
 
-/// Whether a matrix this import makes goes straight into the eight-row
-/// groups of the `rows8` layout (docs/FORMAT.md): Q4_0 matrices of eight
-/// rows or more, and Q8_0 ones where the kernels' groups have the file's
-/// bias 0, on a build whose kernels read the groups in place
-/// (`Kernels::ROWS8`). `Model::from_mlb` would otherwise copy the plain rows
+/// Whether a Q4_0 or Q8_0 matrix this import makes goes straight into
+/// the eight-row groups of the `rows8` layout (docs/FORMAT.md): where the
+/// loaded model would use such groups as they lie
+/// (`model::groups_used_in_place`, the loader's own rule) and the matrix has
+/// eight rows or more. `Model::from_mlb` would otherwise copy the plain rows
 /// into groups; made so, a converted matrix is held once, not twice, and
 /// `--save` writes the same bytes (the file layout is the same).
 fn made_in_groups(ttype: TensorType, dims: &[u64]) -> bool {
-    let kind = ttype == TensorType::Q4_0 || (ttype == TensorType::Q8_0 && Arch::Q8_X8_BIAS == 0);
-    kind && Arch::ROWS8 && matches!(dims, [rows, _] if *rows >= ROWS8 as u64)
+    let writes_groups = matches!(ttype, TensorType::Q4_0 | TensorType::Q8_0); // (the writers this import has)
+    writes_groups && groups_used_in_place(ttype) && matches!(dims, [rows, _] if *rows >= ROWS8 as u64)
 }
 
 fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {

@@ -16,25 +16,12 @@ pub mod tokenizer;
 use quantize::Q4Rule;
 
 /// How tensors of the types Krafla does not read are converted (`--type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvertType {
-    /// Everything to Q8_0.
-    #[value(name = "q8_0")]
     Q8_0,
-    /// Everything to F32: the source's values exactly, 4 bytes a weight
-    /// (a reference for measuring the others).
-    #[value(name = "f32")]
     F32,
-    /// The embeddings and output to Q8_0, the rest to fitted Q4_0.
-    #[value(name = "q4_0")]
     Q4_0,
-    /// As q4_0, but the matrices most sensitive per byte stay in Q8_0,
-    /// within a byte budget (`--mixed-budget`).
-    #[value(name = "q4_mixed")]
     Q4Mixed,
-    /// Types of 5 bits a weight or more to Q8_0, 4 bits or fewer to fitted
-    /// Q4_0 (the embeddings and output to Q8_0); Q4_K, Q5_K and Q6_K, like
-    /// every type Krafla reads, stay as they are under any `--type`.
     Auto,
 }
 
@@ -62,6 +49,27 @@ impl ImportOptions {
 }
 
 impl ConvertType {
+    pub const ALL: [ConvertType; 5] =
+        [ConvertType::Q8_0, ConvertType::F32, ConvertType::Q4_0, ConvertType::Q4Mixed, ConvertType::Auto];
+
+    /// What it does, for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            ConvertType::Q8_0 => "Everything to Q8_0",
+            ConvertType::F32 => {
+                "Everything to F32: the source's values exactly, 4 bytes a weight (a reference for measuring the others)"
+            }
+            ConvertType::Q4_0 => "The embeddings and output to Q8_0, the rest to fitted Q4_0",
+            ConvertType::Q4Mixed => {
+                "As q4_0, but the matrices most sensitive per byte stay in Q8_0, within a byte budget (`--mixed-budget`)"
+            }
+            ConvertType::Auto => {
+                "Types of 5 bits a weight or more to Q8_0, 4 bits or fewer to fitted Q4_0 (the embeddings and output \
+                 to Q8_0); Q4_K, Q5_K and Q6_K, like every type Krafla reads, stay as they are under any `--type`"
+            }
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ConvertType::Q8_0 => "q8_0",

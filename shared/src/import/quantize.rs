@@ -115,17 +115,26 @@ fn floor(x: f32) -> f32 {
 }
 
 /// How a Q4_0 block's scale is chosen (`--q4-scale`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q4Rule {
-    /// The fitted rule: the max rule, or the least-squares scale of the
-    /// best of eight trial scales' codes, whichever has the lower
-    /// (importance-weighted) squared error.
     Fit,
-    /// llama.cpp's rule: the element of largest magnitude on level −8.
     Max,
 }
 
 impl Q4Rule {
+    pub const ALL: [Q4Rule; 2] = [Q4Rule::Fit, Q4Rule::Max];
+
+    /// What it does, for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            Q4Rule::Fit => {
+                "The fitted rule: the max rule, or the least-squares scale of the best of eight trial scales' codes, \
+                 whichever has the lower (importance-weighted) squared error"
+            }
+            Q4Rule::Max => "llama.cpp's rule: the element of largest magnitude on level −8",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Q4Rule::Fit => "fit",

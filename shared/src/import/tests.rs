@@ -114,7 +114,7 @@ fn tiny_llama_edited(extra_meta: &[(&str, Value)], drop: &[&str], edit: impl Fn(
 }
 
 fn import(bytes: Vec<u8>, ctype: ConvertType) -> Result<Mlb, String> {
-    import_model(Gguf::from_bytes(bytes, "t.gguf")?, &ImportOptions::new(ctype))
+    import_model(Gguf::from_bytes(bytes, "t.gguf")?, &ImportOptions::new(ctype)).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -445,7 +445,7 @@ fn non_finite_weights_are_named() {
             *up = (up.0, GgmlType::F32, up.2.clone(), f32_bytes(&values));
         });
         let opts = ImportOptions { requantize: true, ..ImportOptions::new(ConvertType::Q4_0) };
-        let err = import_model(Gguf::from_bytes(bytes, "t.gguf").unwrap(), &opts).err().unwrap();
+        let err = import_model(Gguf::from_bytes(bytes, "t.gguf").unwrap(), &opts).err().unwrap().to_string();
         let at = D * 300 + 5;
         assert_eq!(err, format!("{t} 'blk.0.ffn_up.weight' has a non-finite value ({shown}) at element {at}"));
     }
@@ -518,7 +518,7 @@ fn values_too_large_for_the_conversion_are_named() {
     });
     let g = Gguf::from_bytes(bytes, "t.gguf").unwrap();
     let opts = ImportOptions { requantize: true, ..ImportOptions::new(ConvertType::Q8_0) };
-    let err = import_model(g, &opts).err().unwrap();
+    let err = import_model(g, &opts).err().unwrap().to_string();
     assert_eq!(
         err,
         "t.gguf: tensor 'blk.0.ffn_up.weight' has values too large for q8_0 (its f16 scale overflows) in block 11"

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use super::config::Activation;
 use super::rope::RopeTables;
 use super::state::State;
+use super::token_check::check_tokens;
 use super::weights::Mixer;
 use super::{LogitsFor, Model};
 use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
@@ -48,16 +49,7 @@ impl Model {
     pub fn forward_batch(&self, segs: &mut [Segment]) -> Result<Vec<Vec<f32>>, String> {
         let c = &self.config;
         for seg in segs.iter() {
-            let (st, n) = (&seg.state, seg.tokens.len());
-            if st.pos + n > st.ctx {
-                return Err(format!(
-                    "context is full: {} positions + {n} new exceed the context of {}",
-                    st.pos, st.ctx
-                ));
-            }
-            if let Some(&bad) = seg.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size));
-            }
+            check_tokens(seg.tokens, c.vocab_size, seg.state.pos, seg.state.ctx).map_err(|e| e.to_string())?;
         }
         let n_tok: usize = segs.iter().map(|s| s.tokens.len()).sum();
         if n_tok == 0 {

@@ -7,22 +7,40 @@
 
 use half::f16;
 
+use crate::fault::Fault;
 use crate::kernels::{Arch, Kernels};
 use crate::quant::{dequant_q8, BlockQ8Act, BlockQ8_0, QK};
 
 /// Element type of the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {
-    /// f32 (exact).
     F32,
-    /// f16 (half the memory).
     F16,
-    /// Q8_0 blocks of 32 with an f16 scale (3.76× smaller than f32; needs a head_dim that is a multiple of 32).
-    #[value(alias = "q8_0")]
     Q8,
 }
 
 impl KvType {
+    pub const ALL: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8];
+
+    /// What it stores, for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32 (exact)",
+            KvType::F16 => "f16 (half the memory)",
+            KvType::Q8 => {
+                "Q8_0 blocks of 32 with an f16 scale (3.76× smaller than f32; needs a head_dim that is a multiple of 32)"
+            }
+        }
+    }
+
+    /// Other names it answers to (`q8_0`, as llama.cpp's `--cache-type-k` says).
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            KvType::Q8 => &["q8_0"],
+            _ => &[],
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             KvType::F32 => "f32",
@@ -40,16 +58,20 @@ enum Store {
 }
 
 /// A vector of `n` copies of `fill`, or a one-line error instead of an abort when memory runs out.
-pub(crate) fn try_alloc<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>, String> {
+pub(crate) fn try_alloc<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>, Fault> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| format!("cannot allocate the {what} ({} MiB)", (n * std::mem::size_of::<T>()) >> 20))?;
+    v.try_reserve_exact(n).map_err(|_| {
+        Fault::Resource(format!(
+            "cannot allocate the {what} ({} MiB)",
+            n.saturating_mul(std::mem::size_of::<T>()) >> 20
+        ))
+    })?;
     v.resize(n, fill);
     Ok(v)
 }
 
 impl Store {
-    fn new(ty: KvType, values: usize, what: &str) -> Result<Store, String> {
+    fn new(ty: KvType, values: usize, what: &str) -> Result<Store, Fault> {
         Ok(match ty {
             KvType::F32 => Store::F32(try_alloc(values, 0.0f32, what)?),
             KvType::F16 => Store::F16(try_alloc(values, f16::ZERO, what)?),
@@ -109,11 +131,12 @@ pub struct Query<'a> {
 }
 
 impl KvCache {
-    pub fn new(ty: KvType, layers: usize, ctx: usize, row: usize, head_dim: usize) -> Result<KvCache, String> {
+    pub fn new(ty: KvType, layers: usize, ctx: usize, row: usize, head_dim: usize) -> Result<KvCache, Fault> {
         if ty == KvType::Q8 && !head_dim.is_multiple_of(QK) {
             return Err(format!(
                 "a Q8 KV cache needs a head_dim that is a multiple of {QK} (this model's is {head_dim})"
-            ));
+            )
+            .into());
         }
         let n = layers.checked_mul(ctx).and_then(|v| v.checked_mul(row)).ok_or("KV cache size overflows")?;
         Ok(KvCache { ty, ctx, row, keys: Store::new(ty, n, "key cache")?, values: Store::new(ty, n, "value cache")? })

@@ -23,6 +23,7 @@ mod input_stats;
 mod kvcache;
 mod rope;
 mod state;
+mod token_check;
 mod weights;
 
 pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle, LIMIT_LAYERS};
@@ -30,7 +31,8 @@ pub use forward::Segment;
 pub use input_stats::InputStats;
 pub use kvcache::KvType;
 pub use state::State;
-pub use weights::{LoadOptions, WeightCopies};
+pub use token_check::{check_prompt, check_tokens, TokenError};
+pub use weights::{groups_used_in_place, kernels_read_groups, LoadOptions, WeightCopies};
 
 use crate::format::mlb::Mlb;
 use weights::{Layer, Matrix};

@@ -4,6 +4,7 @@
 
 use super::config::{Config, LayerKind};
 use super::kvcache::{try_alloc, KvCache, KvType};
+use crate::fault::Fault;
 
 /// Per-sequence state: the KV cache of attention layers, the convolution
 /// and recurrent state of DeltaNet layers, and the number of positions filled.
@@ -19,11 +20,11 @@ pub struct State {
 
 impl State {
     /// A state with an f32 KV cache.
-    pub fn new(config: &Config, ctx: usize) -> Result<State, String> {
+    pub fn new(config: &Config, ctx: usize) -> Result<State, Fault> {
         Self::with_kv(config, ctx, KvType::F32)
     }
 
-    pub fn with_kv(config: &Config, ctx: usize, kv_type: KvType) -> Result<State, String> {
+    pub fn with_kv(config: &Config, ctx: usize, kv_type: KvType) -> Result<State, Fault> {
         let mut slot = Vec::with_capacity(config.n_layers);
         let (mut n_attn, mut n_dn) = (0usize, 0usize);
         for kind in &config.layer_kinds {

@@ -378,6 +378,25 @@ fn plain_copy<X: Rows8>(groups: &[u8], tail: &[u8], nb: usize, what: &str) -> Re
     Ok(rows)
 }
 
+/// Whether this build's kernels read eight-row groups of `ttype` (a
+/// `rows8` tensor, or a copy repacked at load): Q8_0 and Q4_0 where
+/// `Kernels::ROWS8`, Q4_K and Q6_K where `KQUANT_ROWS8` too.
+pub fn kernels_read_groups(ttype: TensorType) -> bool {
+    match ttype {
+        TensorType::Q8_0 | TensorType::Q4_0 => Arch::ROWS8,
+        TensorType::Q4K | TensorType::Q6K => Arch::ROWS8 && Arch::KQUANT_ROWS8,
+        _ => false,
+    }
+}
+
+/// Whether a `rows8` tensor of `ttype` is used as it lies, with no copy at
+/// load: the kernels read its groups and, for Q8_0, with the file's bias 0
+/// (`Loader::stored_groups` re-biases a copy otherwise). The importer makes
+/// such tensors straight into groups.
+pub fn groups_used_in_place(ttype: TensorType) -> bool {
+    kernels_read_groups(ttype) && (ttype != TensorType::Q8_0 || Arch::Q8_X8_BIAS == 0)
+}
+
 /// Checks tensors against the configuration while loading.
 struct Loader<'a> {
     file: &'a Mlb,
@@ -418,11 +437,7 @@ impl Loader<'_> {
             plain_from: 0,
             groups: Groups::None,
         };
-        let kernels_read_groups = match t.ttype {
-            TensorType::Q8_0 | TensorType::Q4_0 => Arch::ROWS8,
-            TensorType::Q4K | TensorType::Q6K => Arch::ROWS8 && Arch::KQUANT_ROWS8,
-            _ => false,
-        };
+        let kernels_read_groups = kernels_read_groups(t.ttype);
         if t.layout == Layout::Rows8 {
             self.stored_groups(&mut m, kernels_read_groups, &what)?;
         } else if self.repack && kernels_read_groups && rows >= ROWS8 {

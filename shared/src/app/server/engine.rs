@@ -23,12 +23,13 @@ use std::time::Instant;
 
 use super::job::{Event, GenParams, Job, TokenLogprob};
 use super::metrics::Metrics;
+use crate::fault::Fault;
 use crate::generate::{
     forward_sequences, verify, DecodeParams, Decoding, Draft, Finish, Sequence, SpecStats, Speculator, TextStream,
     Token,
 };
 use crate::grammar::{Constrained, Vocab};
-use crate::model::{LogitsFor, Model};
+use crate::model::{check_prompt, LogitsFor, Model};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
@@ -210,14 +211,10 @@ impl Engine {
         }
         let ctx = self.slots[0].seq.state().ctx;
         let p = &job.prompt;
-        if p.is_empty() || p.len() > ctx {
-            let e = if p.is_empty() {
-                "the prompt is empty".to_string()
-            } else {
-                format!("the prompt has {} tokens, more than the context of {ctx}", p.len())
-            };
+        // the connection checked it; a job that skipped that would fail here, not in a step
+        if let Err(e) = check_prompt(p, self.model.config.vocab_size, ctx) {
             self.accepted.fetch_sub(1, Ordering::SeqCst);
-            let _ = job.events.send(Event::Error(e));
+            let _ = job.events.send(Event::Error(Fault::Input(e.to_string())));
             return;
         }
         // A slot continues a conversation when the prompt covers at least half of what it
@@ -345,15 +342,16 @@ impl Engine {
                     if let Some(a) = self.slots[part.slot].active.take() {
                         self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
                         self.accepted.fetch_sub(1, Ordering::SeqCst);
-                        let _ = a.job.events.send(Event::Error(e.clone()));
+                        let _ = a.job.events.send(Event::Error(Fault::Internal(e.clone())));
                     }
                 }
             }
         }
     }
 
-    /// Ends slot `i`'s request with the error `e` (an HTTP 500, or an error
-    /// event when streaming) and forgets what its cache holds.
+    /// Ends slot `i`'s request with the error `e`, the model's (an HTTP 500,
+    /// or an error event when streaming: what fails in the model while it
+    /// answers is not the client's fault), and forgets what its cache holds.
     fn fail(&mut self, i: usize, e: &str) {
         let slot = &mut self.slots[i];
         slot.seq.reset();
@@ -362,7 +360,7 @@ impl Engine {
             self.metrics.busy.fetch_sub(1, Ordering::SeqCst);
             self.accepted.fetch_sub(1, Ordering::SeqCst);
             super::log(&format!("krafla: request {}: {e}", a.job.id));
-            let _ = a.job.events.send(Event::Error(e.to_string()));
+            let _ = a.job.events.send(Event::Error(Fault::Internal(e.to_string())));
         }
     }
 

@@ -3,6 +3,8 @@
 
 use serde_json::{json, Value};
 
+use crate::fault::Fault;
+
 /// An error answer in OpenAI's shape.
 #[derive(Debug)]
 pub struct ApiError {
@@ -28,6 +30,17 @@ impl ApiError {
     /// A 400 about one field.
     pub fn field(code: &'static str, param: &str, message: impl Into<String>) -> ApiError {
         ApiError { param: Some(param.to_string()), ..ApiError::new(400, code, message) }
+    }
+
+    /// The answer to a request that failed so: 400 when it was the
+    /// request's fault, 503 when the machine ran out of something, 500 else.
+    pub fn from_fault(f: &Fault) -> ApiError {
+        let code = match f {
+            Fault::Input(_) => "invalid_value",
+            Fault::Resource(_) => "out_of_resources",
+            Fault::Internal(_) => "server_error",
+        };
+        ApiError::new(f.http_status(), code, f.message())
     }
 
     pub fn to_json(&self) -> Value {

@@ -8,6 +8,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fault::Fault;
 use crate::generate::Finish;
 use crate::grammar::Grammar;
 
@@ -67,7 +68,9 @@ pub enum Event {
         completion_tokens: usize,
         cached_tokens: usize,
     },
-    Error(String),
+    /// The job failed: the request's fault (400), or the server's: the
+    /// model's or the machine's (500, 503).
+    Error(Fault),
 }
 
 pub struct Job {

@@ -49,6 +49,7 @@ use serde_json::json;
 use super::options::{startup_line, RunArgs};
 use super::speculative_options::SpecArgs;
 use crate::chat::Template;
+use crate::fault::Fault;
 use crate::generate::Sequence;
 use crate::kernels::ISA;
 use crate::tokenizer::Tokenizer;
@@ -174,7 +175,7 @@ pub(crate) struct Server {
 }
 
 /// `ml_run --server ARGS` (the launcher's `ml_server ARGS`), `--server` removed.
-pub fn main(argv: Vec<OsString>) -> Result<(), String> {
+pub fn main(argv: Vec<OsString>) -> Result<(), Fault> {
     match super::parse_args::<ServerArgs>(argv)? {
         Some(args) => run(args),
         None => Ok(()),
@@ -185,7 +186,7 @@ pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn run(args: ServerArgs) -> Result<(), String> {
+fn run(args: ServerArgs) -> Result<(), Fault> {
     args.check()?;
     let started = std::time::Instant::now();
     let listener = TcpListener::bind((args.host.as_str(), args.port))

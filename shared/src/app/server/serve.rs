@@ -20,6 +20,7 @@ use super::response::{usage, Reply};
 use super::{unix_now, Server};
 use crate::chat::{CallSyntax, Tool, ToolCall};
 use crate::generate::Finish;
+use crate::model::{check_prompt, TokenError};
 
 /// How often a waiting connection checks whether its client is still there.
 const POLL: Duration = Duration::from_millis(20);
@@ -91,29 +92,13 @@ fn prepare(
         // a raw prompt's special tokens are text unless the request says otherwise
         Prompt::Text(t) if greq.parse_special => srv.tokenizer.encode(t, true),
         Prompt::Text(t) => srv.tokenizer.encode_plain(t, true),
-        Prompt::Ids(ids) => {
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= srv.vocab_size) {
-                return Err(ApiError::field(
-                    "invalid_value",
-                    "prompt",
-                    format!("'prompt' holds token id {bad}, outside the vocabulary (size {})", srv.vocab_size),
-                ));
-            }
-            ids.clone()
-        }
+        Prompt::Ids(ids) => ids.clone(),
     };
-    if ids.is_empty() {
-        return Err(ApiError::field("invalid_value", "prompt", "the prompt is empty (no tokens)"));
-    }
-    if ids.len() > srv.ctx {
-        return Err(ApiError {
-            param: Some(if chat { "messages" } else { "prompt" }.into()),
-            ..ApiError::new(
-                400,
-                "context_length_exceeded",
-                format!("the prompt has {} tokens, more than the context of {} tokens", ids.len(), srv.ctx),
-            )
-        });
+    if let Err(e) = check_prompt(&ids, srv.vocab_size, srv.ctx) {
+        let param = if chat { "messages" } else { "prompt" };
+        let code =
+            if matches!(e, TokenError::BeyondContext { .. }) { "context_length_exceeded" } else { "invalid_value" };
+        return Err(ApiError::field(code, param, format!("'{param}': {e}")));
     }
     // g tokens need the prompt and g - 1 of them in the cache.
     greq.params.max_tokens = greq.token_limit(srv.ctx - ids.len() + 1);
@@ -377,7 +362,7 @@ fn run(
                 let lp = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
                 return answer.finish(&text, finish, usage, lp);
             }
-            Event::Error(msg) => return answer.fail(ApiError::new(500, "server_error", msg), true),
+            Event::Error(fault) => return answer.fail(ApiError::from_fault(&fault), true),
         }
     }
 }
