@@ -18,7 +18,7 @@ use super::speculative_options::SpecArgs;
 use super::stdout;
 use crate::chat::PromptText;
 use crate::fault::Fault;
-use crate::generate::{DecodeParams, Generator, Token};
+use crate::generate::{DecodeParams, Generator, Token, GRAMMAR_CUT};
 use crate::grammar::{self, Constrained, Grammar, Vocab};
 use crate::import::calibrate;
 use crate::import::imatrix::Imatrix;
@@ -367,6 +367,9 @@ fn run_model(
         done.tokens.len(),
         done.tokens.len() as f64 / gen_secs.max(1e-9)
     );
+    if done.grammar_cut {
+        return Err(format!("after {} tokens: {GRAMMAR_CUT}", done.tokens.len()).into());
+    }
     Ok(())
 }
 

@@ -187,6 +187,7 @@ pub fn run(
         conv.text = full.as_str().to_string() + &answer;
         conv.messages.push(Message::new(Role::Assistant, answer));
         let note = match done.finish {
+            _ if done.grammar_cut => " (the grammar is too ambiguous to follow further: the answer is incomplete)",
             Finish::Cancelled => " (stopped)",
             Finish::Length if generator.state().pos + 1 >= ctx => {
                 " (the context is full: /clear starts a new conversation)"

@@ -45,6 +45,10 @@ pub struct DecodeParams {
     pub constrained: Option<Constrained>,
 }
 
+/// What the CLI and the server say when `Decoded::grammar_cut`.
+pub const GRAMMAR_CUT: &str =
+    "the grammar is too ambiguous to follow further (its parse was cut), so the output is incomplete";
+
 /// Why decoding ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
@@ -83,6 +87,10 @@ pub struct Decoded {
     /// Text held back until the end (empty after a cancel; a stop string
     /// and what follows it are never shown).
     pub tail: String,
+    /// The output's grammar was too ambiguous to follow (its parse was cut:
+    /// `grammar::Constraint::overflowed`), so decoding ended before the
+    /// grammar was matched: the output is incomplete (`finish` says `Length`).
+    pub grammar_cut: bool,
 }
 
 /// What `Decoding::next` made of a position's logits.
@@ -233,7 +241,8 @@ impl Decoding {
     /// The end: what was held back (nothing after a cancel), and the tokens.
     pub fn finish(mut self, finish: Finish) -> Decoded {
         let tail = if finish == Finish::Cancelled { String::new() } else { self.text.finish() };
-        Decoded { finish, tokens: self.tokens, tail }
+        let grammar_cut = self.constraint.as_ref().is_some_and(|c| c.overflowed());
+        Decoded { finish, tokens: self.tokens, tail, grammar_cut }
     }
 }
 

@@ -26,7 +26,7 @@ use super::metrics::Metrics;
 use crate::fault::Fault;
 use crate::generate::{
     forward_sequences, verify, DecodeParams, Decoding, Draft, Finish, Sequence, SpecStats, Speculator, TextStream,
-    Token,
+    Token, GRAMMAR_CUT,
 };
 use crate::grammar::{Constrained, Vocab};
 use crate::model::{check_prompt, LogitsFor, Model};
@@ -442,6 +442,13 @@ impl Engine {
         let (generated, tail) = match a.decoding {
             Some(d) => {
                 let done = d.finish(finish);
+                if done.grammar_cut {
+                    super::log(&format!(
+                        "krafla: request {} after {} tokens: {GRAMMAR_CUT}",
+                        a.job.id,
+                        done.tokens.len()
+                    ));
+                }
                 (done.tokens.len(), done.tail)
             }
             None => (0, String::new()),
