@@ -231,6 +231,10 @@ GRAMMARS = {
     "json": 'root ::= value\nvalue ::= "{" ws (pair ("," ws pair)*)? "}" | "[" ws (value ("," ws value)*)? "]"'
             ' | "\\"" [^"\\\\]* "\\"" | [0-9]+ | "null"\npair ::= "\\"" [a-z]+ "\\"" ":" ws value\n'
             'ws ::= [ \\t\\n]?\n',
+    # found by the 30-minute run of 5 December 2026: wildcards in a recursive rule, so ambiguous that
+    # a mask over a large vocabulary is cut (tests/test_hardening.py)
+    "ambiguous-wildcards": 'root ::= value\nvalue ::= "{"| ' + "." * 63 + '"" | [2-::=9]+ |ws (value ("," ws value)*)? '
+                           '"8]" | .......value\nws ::= [ \\t\\n] \n',
 }
 
 
@@ -243,6 +247,9 @@ SCALED = {
     "schema-anyof": (1, 20, "", '{"anyOf": [', "{}", "]}", ""),
     "pattern-groups": (2, 50, "^", "(", "a|b", ")", "$"),
     "request-arrays": (3, 30, '{"messages": ', "[", "", "]", "}"),
+    # found by the 30-minute run of 5 December 2026 (a pattern literal of 214 KB with control
+    # characters; linear, it timed out only on a starved fuzzer)
+    "pattern-long-literal": (2, 23808, "", "ro\x01\x00\x00-\x02\x03\x00", "", "", "\x00\x00\x00\x00a\x01\n+"),
 }
 
 
