@@ -159,14 +159,16 @@ def test_thread_counts_beyond_any_machine_are_refused(tiny_mlb):
 
 def test_running_out_of_memory_is_the_machines_fault(smollm2_gguf):
     """A KV cache the address space cannot hold: one line naming it and --ctx, exit 71 (the machine's
-    fault, not the input's 2). SmolLM2 at --ctx 8192 needs 2 x 180 MiB of f32 cache beside its ~230 MiB
-    load; 420 MiB of address space holds the load but not the cache."""
+    fault, not the input's 2). SmolLM2 at --ctx 8192 needs 2 x 180 MiB of f32 cache beside its load
+    (~240 MiB as q8_0 without repacked copies, on every build); 420 MiB of address space holds the
+    load but not the cache."""
     import resource
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (420 << 20, 420 << 20))
 
-    p = subprocess.run([str(ml_bin()), smollm2_gguf, "--ctx", "8192", "--prompt-ids", "1,2", "-n", "1", "-t", "1"],
+    p = subprocess.run([str(ml_bin()), smollm2_gguf, "--type", "q8_0", "--no-repack", "--ctx", "8192",
+                        "--prompt-ids", "1,2", "-n", "1", "-t", "1"],
                        capture_output=True, text=True, timeout=300, preexec_fn=limit, stdin=subprocess.DEVNULL)
     assert p.returncode == 71, f"exit {p.returncode}: {p.stderr}"
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
