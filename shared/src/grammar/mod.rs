@@ -83,6 +83,12 @@ pub struct Builder {
     syms: usize,
     /// When compiling must stop (a request's deadline), if ever.
     deadline: Option<Instant>,
+    /// The symbol of each character class made so far (by its merged
+    /// ranges), so that a class written many times (`.` in a long pattern,
+    /// `[a-z]` in every rule) is one rule, not one per use.
+    char_classes: std::collections::HashMap<Vec<(u32, u32)>, Sym>,
+    /// The same for a class as written inside a JSON string (`pattern.rs`).
+    json_classes: std::collections::HashMap<Vec<(u32, u32)>, Sym>,
 }
 
 impl Builder {
@@ -198,14 +204,16 @@ impl Builder {
     pub fn chars(&mut self, ranges: &[(u32, u32)], negate: bool) -> Result<Sym, String> {
         let clamped: Vec<(u32, u32)> = ranges.iter().map(|&(a, b)| (a.min(b), a.max(b).min(MAX_CHAR))).collect();
         let merged = char_set(&clamped, negate);
+        if let Some(&sym) = self.char_classes.get(&merged) {
+            return Ok(sym);
+        }
         let mut alts = Vec::new();
-        for (a, b) in merged {
+        for &(a, b) in &merged {
             utf8_sequences(a, b, &mut alts);
         }
-        if alts.len() == 1 && alts[0].len() == 1 {
-            return Ok(alts[0][0]);
-        }
-        self.alt(alts)
+        let sym = if alts.len() == 1 && alts[0].len() == 1 { alts[0][0] } else { self.alt(alts)? };
+        self.char_classes.insert(merged, sym);
+        Ok(sym)
     }
 
     /// The grammar whose output is one match of `root`: every rule must be

@@ -271,10 +271,20 @@ fn ascii_without(ranges: &[(u32, u32)]) -> Vec<(u32, u32)> {
 /// One character of the set as it is written inside a JSON string.
 fn json_char(b: &mut Builder, ranges: &[(u32, u32)], negate: bool) -> Result<Sym, String> {
     let set = char_set(ranges, negate);
+    if let Some(&sym) = b.json_classes.get(&set) {
+        return Ok(sym);
+    }
+    let sym = json_char_rule(b, &set)?;
+    b.json_classes.insert(set, sym);
+    Ok(sym)
+}
+
+/// `json_char`'s rule for the merged set `set`.
+fn json_char_rule(b: &mut Builder, set: &[(u32, u32)]) -> Result<Sym, String> {
     let has = |c: u32| set.iter().any(|&(a, z)| a <= c && c <= z);
     let mut alts: Vec<Vec<Sym>> = Vec::new();
     // written as they are: everything but control characters, '"' and '\'
-    let plain: Vec<(u32, u32)> = char_set(&set, false)
+    let plain: Vec<(u32, u32)> = char_set(set, false)
         .into_iter()
         .flat_map(|(a, z)| {
             let mut parts = Vec::new();
