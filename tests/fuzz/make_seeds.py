@@ -250,6 +250,8 @@ SCALED = {
     # found by the 30-minute run of 5 December 2026 (a pattern literal of 214 KB with control
     # characters; linear, it timed out only on a starved fuzzer)
     "pattern-long-literal": (2, 23808, "", "ro\x01\x00\x00-\x02\x03\x00", "", "", "\x00\x00\x00\x00a\x01\n+"),
+    # its rerun's find: a pattern of 196,605 '.' once made a rule per '.' (grammar::tests)
+    "pattern-many-dots": (2, 50947, "", "", "", ".....n......", "..."),
 }
 
 
