@@ -163,7 +163,7 @@ const SCALED_MAX: usize = 256 << 10;
 /// JSON Schema (its JSON text), a schema `pattern`, or an API request body.
 /// It runs on a thread with a server connection's stack (2 MiB), where a
 /// parser that recursed once per nesting level would overflow; `cargo xtask
-/// fuzz` gives this target one second per input, so a parser that is not
+/// fuzz` gives this target three seconds per input, so a parser that is not
 /// linear in its input fails it too.
 pub fn scaled(data: &[u8]) {
     let Some((&kind, rest)) = data.split_first() else { return };
