@@ -192,11 +192,7 @@ impl Answer<'_> {
         match events {
             Some(mut w) => {
                 let _ = w.send(&sse(&reply.finish_chunk(finish)));
-                if reply.include_usage {
-                    let _ = w.send(&sse(&reply.usage_chunk(usage)));
-                }
-                let _ = w.send(b"data: [DONE]\n\n");
-                let _ = w.end();
+                end_stream(w, &reply, usage);
             }
             None => srv.send(socket, &Response::json(200, &reply.answer(text, finish, usage, logprobs))),
         }
@@ -213,11 +209,7 @@ impl Answer<'_> {
                 for c in reply.calls_chunks(calls) {
                     let _ = w.send(&sse(&c));
                 }
-                if reply.include_usage {
-                    let _ = w.send(&sse(&reply.usage_chunk(usage)));
-                }
-                let _ = w.send(b"data: [DONE]\n\n");
-                let _ = w.end();
+                end_stream(w, &reply, usage);
             }
             None => srv.send(socket, &Response::json(200, &reply.answer_calls(content, calls, usage))),
         }
@@ -237,6 +229,15 @@ impl Answer<'_> {
             None => self.srv.send_error(self.socket, &e),
         }
     }
+}
+
+/// The end of a stream that answered: the usage chunk when asked for, then `[DONE]`.
+fn end_stream(mut w: StreamWriter, reply: &Reply, usage: Value) {
+    if reply.include_usage {
+        let _ = w.send(&sse(&reply.usage_chunk(usage)));
+    }
+    let _ = w.send(b"data: [DONE]\n\n");
+    let _ = w.end();
 }
 
 /// Queues the job, then relays the worker's events to the answer until the
