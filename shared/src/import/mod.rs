@@ -5,6 +5,7 @@
 //! `tools/convert_tokenizer.py`, so that `--save` writes their bytes.
 
 pub mod calibrate;
+pub mod convert;
 pub mod dequant;
 pub mod families;
 pub mod gguf;
