@@ -15,7 +15,7 @@
 
 mod added;
 pub(crate) mod bpe;
-mod pretok;
+pub mod pretok;
 
 use crate::format::mlt::{self, ModelKind, RawTokenizer};
 use added::{AddedTokens, Segment};

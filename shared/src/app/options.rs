@@ -15,12 +15,10 @@ use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
 use crate::format::mlt::{self, RawTokenizer};
 use crate::format::write_atomic;
-use crate::import::calibrate;
-use crate::import::gguf::{import_model, makes_q4};
 use crate::import::imatrix::Imatrix;
 use crate::import::quantize::Q4Rule;
-use crate::import::tokenizer::import_tokenizer;
-use crate::import::{ConvertType, ImportOptions};
+use crate::import::{calibrate, hf, llama2c};
+use crate::import::{read_tokenizer, ConvertType, ImportOptions, Source};
 use crate::kernels::ISA;
 use crate::model::{KvType, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
@@ -153,12 +151,12 @@ impl RunArgs {
     /// the tokenizer here.
     pub fn open(&self, model: Option<&Path>) -> Result<(Option<ModelFile>, Option<Tokenizer>), Fault> {
         let file = model.map(ModelFile::open).transpose()?;
-        if self.convert_type.is_some() && !matches!(file, Some(ModelFile::Gguf(_))) {
-            return Err("--type applies to GGUF models only".into());
+        if self.convert_type.is_some() && !matches!(file, Some(ModelFile::Import(_))) {
+            return Err("--type applies to models that are converted when loaded (GGUF, safetensors, llama2.c), not to .mlb files".into());
         }
         let raw: Option<RawTokenizer> = match (&self.tokenizer, &file) {
-            (Some(path), _) => Some(mlt::read(path)?),
-            (None, Some(ModelFile::Gguf(g))) => Some(import_tokenizer(g)?),
+            (Some(path), _) => Some(read_tokenizer(path)?),
+            (None, Some(ModelFile::Import(source))) => source.tokenizer()?,
             (None, _) => None,
         };
         if let Some(path) = &self.save_tokenizer {
@@ -199,15 +197,15 @@ impl RunArgs {
     ) -> Result<Arc<Model>, Fault> {
         let mlb = match file {
             ModelFile::Mlb(path) => Mlb::open(&path)?,
-            ModelFile::Gguf(g) => {
+            ModelFile::Import(source) => {
                 let mut opts = self.import_options()?;
                 let weighted = opts.q4_rule == Q4Rule::Fit && !self.no_imatrix;
                 if let (None, true, Some(tok)) = (&opts.imatrix, weighted, tokenizer) {
-                    if makes_q4(&g, &opts)? {
-                        opts.imatrix = Some(Arc::new(calibrate::imatrix(Path::new(&g.path), tok)?));
+                    if source.makes_q4(&opts)? {
+                        opts.imatrix = Some(Arc::new(calibrate::imatrix(&source, tok)?));
                     }
                 }
-                import_model(*g, &opts)?
+                source.import(&opts)?
             }
         };
         if let Some(path) = &self.save {
@@ -268,20 +266,30 @@ impl RunArgs {
 /// A model file as given on the command line.
 pub enum ModelFile {
     Mlb(PathBuf),
-    Gguf(Box<Gguf>),
+    /// Converted when loaded.
+    Import(Box<Source>),
 }
 
 impl ModelFile {
-    /// A GGUF file (by its magic) opened and validated; any other file is
-    /// taken for an `.mlb`, which `Mlb::open` checks.
+    /// A GGUF file (by its magic), a Hugging Face directory (it has a
+    /// config.json) or a llama2.c checkpoint (`.bin`) opened and validated;
+    /// any other file is taken for an `.mlb`, which `Mlb::open` checks.
     pub fn open(path: &Path) -> Result<ModelFile, String> {
         use std::io::Read;
+        if path.is_dir() {
+            if !hf::is_model_dir(path) {
+                return Err(format!("{}: a directory without config.json is not a model", path.display()));
+            }
+            return Ok(ModelFile::Import(Box::new(Source::Hf(Box::new(hf::HfModel::open(path)?)))));
+        }
         let mut head = [0u8; 4];
         let n = std::fs::File::open(path)
             .and_then(|mut f| f.read(&mut head))
             .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
         if Gguf::sniff(&head[..n]) {
-            Ok(ModelFile::Gguf(Box::new(Gguf::open(path)?)))
+            Ok(ModelFile::Import(Box::new(Source::Gguf(Box::new(Gguf::open(path)?)))))
+        } else if llama2c::is_checkpoint(path) {
+            Ok(ModelFile::Import(Box::new(Source::Llama2c(Box::new(llama2c::Llama2c::open(path)?)))))
         } else {
             Ok(ModelFile::Mlb(path.to_path_buf()))
         }

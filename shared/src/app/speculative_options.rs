@@ -10,8 +10,6 @@ use super::options::{check_vocab_sizes, ModelFile};
 use crate::fault::Fault;
 use crate::format::mlb::Mlb;
 use crate::generate::{DraftModel, Sequence, Source, Speculator};
-use crate::import::gguf::import_model;
-use crate::import::tokenizer::import_tokenizer;
 use crate::import::{ConvertType, ImportOptions};
 use crate::model::{LayerKind, LoadOptions, Model, State};
 use crate::tokenizer::Tokenizer;
@@ -73,12 +71,13 @@ impl SpecArgs {
         let shown = path.display();
         let mlb = match ModelFile::open(path)? {
             ModelFile::Mlb(p) => Mlb::open(&p)?,
-            ModelFile::Gguf(g) => {
-                let draft_tokenizer = import_tokenizer(&g).and_then(Tokenizer::build);
-                if let (Some(t), Ok(d)) = (tokenizer, &draft_tokenizer) {
-                    same_vocabulary(t, d).map_err(|e| format!("--draft {shown}: {e}"))?;
+            ModelFile::Import(source) => {
+                if let (Some(t), Ok(Some(raw))) = (tokenizer, source.tokenizer()) {
+                    if let Ok(d) = Tokenizer::build(raw) {
+                        same_vocabulary(t, &d).map_err(|e| format!("--draft {shown}: {e}"))?;
+                    }
                 }
-                import_model(*g, &ImportOptions::new(ConvertType::Auto))?
+                source.import(&ImportOptions::new(ConvertType::Auto))?
             }
         };
         let model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;

@@ -8,6 +8,7 @@ pub mod bytes;
 pub mod gguf;
 pub mod mlb;
 pub mod mlt;
+pub mod safetensors;
 
 use std::io::{BufWriter, ErrorKind, Write};
 use std::path::Path;

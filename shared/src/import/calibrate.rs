@@ -1,4 +1,4 @@
-//! The importance matrix a GGUF model gets when its tensors become Q4_0
+//! The importance matrix a model gets when its tensors become Q4_0
 //! and no `--imatrix` is given: the model, with its tensors of the types
 //! Krafla reads as they are and the others in Q8_0, runs the first tokens
 //! of a built-in text (the opening of Macbeth, public domain; never the
@@ -12,14 +12,11 @@
 //! models measured, by 3–8 % at 128; on Qwen2.5-Coder-1.5B the 128 it
 //! gets cost 3 % (and its perplexity was lower), and its load 11 s less.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use super::gguf::import_model;
 use super::imatrix::Imatrix;
-use super::{ConvertType, ImportOptions};
+use super::Source;
 use crate::fault::Fault;
-use crate::format::gguf::Gguf;
 use crate::model::{LoadOptions, LogitsFor, Model, State};
 use crate::tokenizer::Tokenizer;
 
@@ -44,12 +41,12 @@ pub fn tokens(layer_weights: u64) -> usize {
     fit.clamp(MIN_TOKENS, MAX_TOKENS)
 }
 
-/// The importance matrix of the GGUF model at `path` over `TEXT`, the
+/// The importance matrix of a model over `TEXT`, the
 /// model loaded as it would run (with its eight-row copies: on a Q4_K_M
 /// file of 1.5B weights the copy takes 0.3 s and saves 0.8 s of the
 /// 128-token pass). The forward pass gives the same bits either way.
-pub fn imatrix(path: &Path, tokenizer: &Tokenizer) -> Result<Imatrix, Fault> {
-    let mlb = import_model(Gguf::open(path)?, &ImportOptions::new(ConvertType::Q8_0))?;
+pub fn imatrix(source: &Source, tokenizer: &Tokenizer) -> Result<Imatrix, Fault> {
+    let mlb = source.calibration_model()?;
     let mut model = Model::from_mlb(Arc::new(mlb), LoadOptions::default())?;
     model.record_inputs();
     measure(&model, tokenizer)

@@ -17,6 +17,9 @@ use crate::format::mlb::{converted_start, Layout, MetaValue, TensorInfo, TensorT
 use crate::model::groups_used_in_place;
 use crate::quant::{all_finite, dequant_q4, interleave_q4_x8, interleave_q8_x8, BlockQ4_0, BlockQ8_0, QK, ROWS8};
 
+/// `.mlb` metadata, in order.
+pub type Metadata = Vec<(String, MetaValue)>;
+
 /// One tensor of a source model, as the `.mlb` model will have it.
 pub struct SourceTensor<'a> {
     /// Its `.mlb` name (`blk.0.attn_q`).
@@ -63,6 +66,11 @@ pub fn convert(
     path: &str,
 ) -> Result<(Vec<u64>, Vec<TensorInfo>), Fault> {
     let ctype = opts.ctype;
+    for t in plan {
+        if !(1..=4).contains(&t.dims.len()) || t.dims.contains(&0) {
+            return Err(format!("{path}: tensor {:?} has shape {:?}", t.source_name, t.shape()).into());
+        }
+    }
     // Where each tensor goes: its bytes in the file, or converted into `converted`.
     let base = converted_start(source_len);
     let mut infos = Vec::with_capacity(plan.len());
@@ -181,7 +189,7 @@ pub fn makes_q4(plan: &[SourceTensor], opts: &ImportOptions) -> bool {
 
 /// The metadata `convert` adds after the source's: `convert_type`, and
 /// for the Q4_0 types how their scales were chosen.
-pub fn conversion_metadata(opts: &ImportOptions) -> Vec<(String, MetaValue)> {
+pub fn conversion_metadata(opts: &ImportOptions) -> Metadata {
     let ctype = opts.ctype;
     let mut meta = vec![("convert_type".to_string(), MetaValue::Str(ctype.name().into()))];
     if matches!(ctype, ConvertType::Q4_0 | ConvertType::Q4Mixed | ConvertType::Auto) {

@@ -1,13 +1,18 @@
-//! What the GGUF loader knows about each model family, in one table: the
-//! Rust side of `tools/families.py` (the two must agree: `--save` and
-//! `tools/convert.py` write the same file, which a test checks). Only the
-//! families llama.cpp writes GGUF files for are here.
+//! What the importers know about each model family, in one table: the
+//! names the family has in each source format, its fixed traits (the
+//! metadata every model of the family gets, whatever the source) and its
+//! default layer pattern. The readers (`gguf.rs`, `hf_config.rs`,
+//! `llama2c.rs`) look families up here and read only what varies per model
+//! from their source; where a source states the layer pattern itself (HF
+//! `layer_types` / `sliding_window_pattern`, GGUF
+//! `attention.sliding_window_pattern`), that overrides the default.
 
 use crate::format::mlb::MetaValue;
 
 /// `.mlb` layer kinds (metadata `layer_kinds`).
 pub const FULL: i64 = 0;
 pub const SLIDING: i64 = 1;
+pub const LINEAR: i64 = 2;
 
 /// A family's default layer pattern when the file lists no kind per layer.
 #[derive(Clone, Copy, Debug)]
@@ -19,8 +24,8 @@ pub enum Layers {
     Periodic(u64),
     /// Every layer slides once the file gives a sliding window.
     Window,
-    /// Layers from the source's `max_window_layers` on slide; GGUF does not
-    /// store it, so none does.
+    /// Layers from the source's `max_window_layers` on slide once the
+    /// source enables a sliding window; GGUF does not store it, so none does.
     WindowFrom,
 }
 
@@ -29,13 +34,25 @@ pub enum Layers {
 pub struct Family {
     /// `.mlb` arch.
     pub arch: &'static str,
-    /// GGUF `general.architecture`.
+    /// GGUF `general.architecture` ("": not read from GGUF).
     pub gguf_arch: &'static str,
+    /// config.json `model_type`s.
+    pub hf_model_types: &'static [&'static str],
+    /// config.json `architectures` (classes).
+    pub hf_classes: &'static [&'static str],
     /// RMSNorm of q and k per head.
     pub qk_norm: bool,
     /// Gemma block: sandwich norms, embeddings scaled by sqrt(hidden_size),
     /// GeGLU (tanh) feed-forward (its 1 + w norms are stored so in GGUF).
     pub gemma: bool,
+    /// (1 + w) norms without the rest of the Gemma block.
+    pub norm_unit_offset: bool,
+    /// Sigmoid gate on the attention output (q_proj rows doubled).
+    pub attn_output_gate: bool,
+    /// Gated DeltaNet layers (layer kind LINEAR, `linear_attn.*`).
+    pub linear_attention: bool,
+    /// Some layers without RoPE (metadata `layer_rope`).
+    pub nope_layers: bool,
     pub layers: Layers,
     /// convert_hf_to_gguf permutes q/k rows to interleaved RoPE (LlamaModel).
     pub qk_permuted: bool,
@@ -48,8 +65,14 @@ pub struct Family {
 const BASE: Family = Family {
     arch: "",
     gguf_arch: "",
+    hf_model_types: &[],
+    hf_classes: &[],
     qk_norm: false,
     gemma: false,
+    norm_unit_offset: false,
+    attn_output_gate: false,
+    linear_attention: false,
+    nope_layers: false,
     layers: Layers::Full,
     qk_permuted: false,
     softcaps: false,
@@ -57,47 +80,136 @@ const BASE: Family = Family {
 };
 
 pub const FAMILIES: &[Family] = &[
-    Family { arch: "llama", gguf_arch: "llama", qk_permuted: true, ..BASE },
-    Family { arch: "mistral", gguf_arch: "mistral", layers: Layers::Window, qk_permuted: true, ..BASE },
-    Family { arch: "qwen2", gguf_arch: "qwen2", layers: Layers::WindowFrom, ..BASE },
-    Family { arch: "qwen3", gguf_arch: "qwen3", qk_norm: true, ..BASE },
-    Family { arch: "smollm3", gguf_arch: "smollm3", ..BASE },
-    Family { arch: "gemma2", gguf_arch: "gemma2", gemma: true, layers: Layers::Periodic(2), softcaps: true, ..BASE },
+    Family {
+        arch: "llama",
+        gguf_arch: "llama",
+        hf_model_types: &["llama"],
+        hf_classes: &["LlamaForCausalLM"],
+        qk_permuted: true,
+        ..BASE
+    },
+    Family {
+        arch: "mistral",
+        gguf_arch: "mistral",
+        hf_model_types: &["mistral"],
+        hf_classes: &["MistralForCausalLM"],
+        layers: Layers::Window,
+        qk_permuted: true,
+        ..BASE
+    },
+    Family {
+        arch: "qwen2",
+        gguf_arch: "qwen2",
+        hf_model_types: &["qwen2"],
+        hf_classes: &["Qwen2ForCausalLM"],
+        layers: Layers::WindowFrom,
+        ..BASE
+    },
+    Family {
+        arch: "qwen3",
+        gguf_arch: "qwen3",
+        hf_model_types: &["qwen3"],
+        hf_classes: &["Qwen3ForCausalLM"],
+        qk_norm: true,
+        ..BASE
+    },
+    Family {
+        arch: "smollm3",
+        gguf_arch: "smollm3",
+        hf_model_types: &["smollm3"],
+        hf_classes: &["SmolLM3ForCausalLM"],
+        nope_layers: true,
+        ..BASE
+    },
+    Family {
+        arch: "gemma2",
+        gguf_arch: "gemma2",
+        hf_model_types: &["gemma2"],
+        hf_classes: &["Gemma2ForCausalLM"],
+        gemma: true,
+        layers: Layers::Periodic(2),
+        softcaps: true,
+        ..BASE
+    },
     Family {
         arch: "gemma3",
         gguf_arch: "gemma3",
+        hf_model_types: &["gemma3", "gemma3_text"],
+        hf_classes: &["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"],
         qk_norm: true,
         gemma: true,
         layers: Layers::Periodic(6),
         local_rope_theta: Some(10000.0),
         ..BASE
     },
+    Family {
+        arch: "qwen3_5",
+        hf_model_types: &["qwen3_5", "qwen3_5_text"],
+        hf_classes: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
+        qk_norm: true,
+        norm_unit_offset: true,
+        attn_output_gate: true,
+        linear_attention: true,
+        ..BASE
+    },
+    // karpathy/llama2.c checkpoints: plain Llama 2 blocks
+    Family { arch: "llama2c", ..BASE },
 ];
+
+/// The family of an `.mlb` arch.
+pub fn from_arch(arch: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.arch == arch)
+}
+
+/// The family of a config.json: by `model_type`, else by the first known
+/// class in `architectures`.
+pub fn from_hf(model_type: Option<&str>, classes: &[&str]) -> Option<&'static Family> {
+    let by_type = model_type.and_then(|t| FAMILIES.iter().find(|f| f.hf_model_types.contains(&t)));
+    by_type.or_else(|| classes.iter().find_map(|c| FAMILIES.iter().find(|f| f.hf_classes.contains(c))))
+}
 
 /// The family of a GGUF `general.architecture`.
 pub fn from_gguf(arch: &str) -> Option<&'static Family> {
-    FAMILIES.iter().find(|f| f.gguf_arch == arch)
+    FAMILIES.iter().find(|f| !f.gguf_arch.is_empty() && f.gguf_arch == arch)
 }
 
 impl Family {
-    /// The fixed metadata of the family, in `.mlb` metadata order.
-    pub fn traits(&self, hidden_size: u64) -> Vec<(&'static str, MetaValue)> {
+    /// The fixed metadata of the family, in `.mlb` metadata order. A GGUF
+    /// file stores Gemma's norms as 1 + w already (`unit_offset_stored`).
+    pub fn traits(&self, hidden_size: u64, unit_offset_stored: bool) -> Vec<(&'static str, MetaValue)> {
         let mut m = Vec::new();
         if self.qk_norm {
             m.push(("qk_norm", MetaValue::Int(1)));
         }
         if self.gemma {
+            if !unit_offset_stored {
+                m.push(("norm_unit_offset", MetaValue::Int(1)));
+            }
             m.push(("norm_sandwich", MetaValue::Int(1)));
             m.push(("embed_scale", MetaValue::Float((hidden_size as f64).sqrt())));
             m.push(("ffn_act", MetaValue::Str("gelu_tanh".into())));
+        }
+        if self.norm_unit_offset {
+            m.push(("norm_unit_offset", MetaValue::Int(1)));
+        }
+        if self.attn_output_gate {
+            m.push(("attn_output_gate", MetaValue::Int(1)));
         }
         m
     }
 
     /// Per-layer kinds from the family's default pattern, or None when every
-    /// layer is full attention. `window`: the file's sliding window, if any;
-    /// `period`: the file's own period for a periodic family.
-    pub fn layer_kinds(&self, n_layers: usize, window: Option<u64>, period: Option<u64>) -> Option<Vec<i64>> {
+    /// layer is full attention. `window`: the source's sliding window, if
+    /// any (and enabled); `period`: the source's own period for a periodic
+    /// family (0: every layer slides); `window_from`: the source's first
+    /// sliding layer for a `WindowFrom` family (default: none slides).
+    pub fn layer_kinds(
+        &self,
+        n_layers: usize,
+        window: Option<u64>,
+        period: Option<u64>,
+        window_from: Option<u64>,
+    ) -> Option<Vec<i64>> {
         let window = window.filter(|&w| w != 0);
         match self.layers {
             Layers::Periodic(default) => {
@@ -105,7 +217,10 @@ impl Family {
                 Some((0..n_layers as u64).map(|i| if p == 0 || i % p < p - 1 { SLIDING } else { FULL }).collect())
             }
             Layers::Window if window.is_some() => Some(vec![SLIDING; n_layers]),
-            Layers::WindowFrom if window.is_some() => Some(vec![FULL; n_layers]),
+            Layers::WindowFrom if window.is_some() => {
+                let first = window_from.unwrap_or(n_layers as u64);
+                Some((0..n_layers as u64).map(|i| if i >= first { SLIDING } else { FULL }).collect())
+            }
             _ => None,
         }
     }

@@ -6,7 +6,7 @@
 //! model then repacks for its kernels is `model/weights.rs`'s choice.
 //! `--save` writes these tensors as an `.mlb` file.
 
-use super::convert::{self, check_shapes, conversion_metadata, convert, SourceTensor};
+use super::convert::{self, check_shapes, conversion_metadata, convert, Metadata, SourceTensor};
 use super::families::{self, Family, FULL, SLIDING};
 use super::{ConvertType, ImportOptions};
 use crate::fault::Fault;
@@ -69,7 +69,7 @@ pub fn makes_q4(g: &Gguf, opts: &ImportOptions) -> Result<bool, String> {
 
 /// The file's `.mlb` metadata and its tensors in `.mlb` order and names,
 /// their shapes checked.
-fn source(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Vec<SourceTensor<'_>>), String> {
+fn source(g: &Gguf) -> Result<(Metadata, Vec<SourceTensor<'_>>), String> {
     let (meta, heads) = metadata(g)?;
     let plan = tensor_plan(g, &heads)?;
     let plan: Vec<SourceTensor> = plan
@@ -178,7 +178,7 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
             meta.push((k.into(), MetaValue::Int(id)));
         }
     }
-    meta.extend(family.traits(d).into_iter().map(|(k, v)| (k.to_string(), v)));
+    meta.extend(family.traits(d, true).into_iter().map(|(k, v)| (k.to_string(), v)));
 
     // layer kinds: the file's own pattern if it has one, else the family's
     let n_layers = usize::try_from(l).map_err(|_| format!("{} {l} is too large", key("block_count")))?;
@@ -194,8 +194,8 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
             let slides = |v: Value| v.as_bool().or(v.as_i64().map(|i| i != 0)).unwrap_or(false);
             Some(a.iter().map(|v| if slides(v) { SLIDING } else { FULL }).collect())
         }
-        Some(v) => family.layer_kinds(n_layers, window, Some(int_of("attention.sliding_window_pattern", v)?)),
-        None => family.layer_kinds(n_layers, window, None),
+        Some(v) => family.layer_kinds(n_layers, window, Some(int_of("attention.sliding_window_pattern", v)?), None),
+        None => family.layer_kinds(n_layers, window, None, None),
     };
     if let Some(kinds) = kinds.filter(|k: &Vec<i64>| k.iter().any(|&k| k != FULL)) {
         if let Some(w) = window.filter(|&w| w != 0) {

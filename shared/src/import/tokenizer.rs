@@ -39,7 +39,7 @@ fn token_type(gguf: i64) -> u8 {
 
 /// Chat template kinds, the tokens that mark each in a vocabulary, and its
 /// end-of-turn token.
-const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
+pub(super) const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
     ("chatml", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     ("gemma", ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
     ("llama3", ["<|start_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
@@ -220,7 +220,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
 /// two such pieces, the better-scored piece first (then by id): Hugging
 /// Face's SentencePieceExtractor, as `convert_tokenizer.py` has it. A piece
 /// that occurs twice counts with its last id.
-fn spm_merges_from_scores(tokens: &[String], scores: &[f32], types: &[u8]) -> Vec<(u32, u32)> {
+pub(super) fn spm_merges_from_scores(tokens: &[String], scores: &[f32], types: &[u8]) -> Vec<(u32, u32)> {
     let mut mergeable: HashMap<&str, u32> = HashMap::new();
     for (i, t) in tokens.iter().enumerate() {
         if matches!(types[i], TYPE_NORMAL | TYPE_USER) {
