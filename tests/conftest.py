@@ -260,7 +260,7 @@ def tiny_llama2(tmp_path_factory):
     models = {}
     for qtype in ["q4_0", "q8_0", "f16"]:
         models[qtype] = out / f"llama2-{qtype}.mlb"
-        run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", models[qtype], "--type", qtype)
+        import_model(FIXTURES / "hf-tiny" / "llama2", models[qtype], "--type", qtype)
     return models
 
 
@@ -313,7 +313,7 @@ def families_q8(tmp_path_factory):
     for src in sorted((FIXTURES / "hf-tiny").iterdir()):
         if (src / "reference.json").exists():
             mlb = out / f"{src.name}-q8_0.mlb"
-            run_tool("convert.py", src, "-o", mlb, "--type", "q8_0")
+            import_model(src, mlb, "--type", "q8_0")
             ids = json.loads((src / "reference.json").read_text())["input_ids"]
             families[src.name] = (mlb, ",".join(map(str, ids)))
     return families
@@ -332,6 +332,18 @@ def families_match_native(native, families_q8, tmp_path):
             assert got_ids == want_ids, f"{label} {family}: greedy tokens differ"
 
     return check
+
+
+def import_model(src, out, *args):
+    """`ml_run SRC ARGS --save OUT`: the executables' importer (a GGUF file, a Hugging Face
+    directory or a llama2.c checkpoint) writes the .mlb it runs."""
+    run_ml(src, *args, "--save", out, "--prompt-ids", "1", "-n", "0")
+
+
+def import_tokenizer(src, out):
+    """`ml_run -z SRC --save-tokenizer OUT`: a tokenizer.json, GGUF file or llama2.c
+    tokenizer.bin as the .mlt the executables read."""
+    run_ml("-z", src, "--save-tokenizer", out, "--tokenize", "-p", "x")
 
 
 def run_tool(script, *args, check=True, timeout=1800):
@@ -356,26 +368,20 @@ def smollm2_gguf():
 
 def converter(root, name, gguf, tokenizer_source):
     """get(kind) -> the model `gguf` converted into directory `root`: 'f32', 'q8_0', 'q4_0', ...
-    (root/<name>-<kind>.mlb, by convert.py; q4_0 with the importance matrix the executables
-    measure on their built-in text, so that it is their --save's file) or 'mlt'
-    (root/<name>.mlt, the tokenizer, by convert_tokenizer.py from `tokenizer_source`). Each kind
-    is converted once, on first use."""
+    (root/<name>-<kind>.mlb, by `ml_run --save`; q4_0 with the importance matrix the executable
+    measures on its built-in text) or 'mlt' (root/<name>.mlt, the tokenizer of
+    `tokenizer_source`, by `--save-tokenizer`). Each kind is converted once, on first use."""
     cache = {}
 
     def get(kind):
         if kind not in cache:
             if kind == "mlt":
                 out = root / f"{name}.mlt"
-                run_tool("convert_tokenizer.py", tokenizer_source, "-o", out)
-            elif kind == "q4_0":
-                # the importance matrix the executables measure when they load the GGUF as q4_0
-                im = root / f"{name}.imatrix"
-                run_ml(gguf, "--type", "q8_0", "--imatrix-out", im)
-                out = root / f"{name}-{kind}.mlb"
-                run_tool("convert.py", gguf, "-o", out, "--type", kind, "--imatrix", im)
+                import_tokenizer(tokenizer_source, out)
             else:
+                # (q4_0: weighted by the importance matrix the executable measures on its own text)
                 out = root / f"{name}-{kind}.mlb"
-                run_tool("convert.py", gguf, "-o", out, "--type", kind)
+                import_model(gguf, out, "--type", kind)
             cache[kind] = out
         return cache[kind]
 

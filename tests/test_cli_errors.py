@@ -6,13 +6,13 @@ import unicodedata
 
 import pytest
 
-from conftest import FIXTURES, ml_bin, run_ml, run_tool
+from conftest import FIXTURES, import_model, ml_bin, run_ml
 
 
 @pytest.fixture(scope="module")
 def tiny_mlb(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "tiny.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", out, "--type", "q8_0")
+    import_model(FIXTURES / "hf-tiny" / "llama2", out, "--type", "q8_0")
     return out
 
 

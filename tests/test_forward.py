@@ -13,7 +13,7 @@ import pytest
 # tools/ is on sys.path: conftest, which pytest loads before this module, puts it there
 import llama2c
 import reference_forward as rf
-from conftest import FIXTURES, isas, run_ml, run_tool
+from conftest import FIXTURES, import_model, isas, run_ml, run_tool
 
 # Every family fixture: Llama 2, Llama 3 scaling, SmolLM2 (tied), Mistral (sliding
 # window), Qwen2 (biases), Qwen3 (q/k norm), SmolLM3 (NoPE layers), Gemma 2
@@ -39,7 +39,7 @@ def converted(tmp_path_factory):
         key = (family, qtype)
         if key not in cache:
             out = root / f"{family}-{qtype}.mlb"
-            run_tool("convert.py", FIXTURES / "hf-tiny" / family, "-o", out, "--type", qtype)
+            import_model(FIXTURES / "hf-tiny" / family, out, "--type", qtype)
             cache[key] = out
         return cache[key]
 
@@ -150,7 +150,7 @@ def test_llama2c_checkpoint_runs_like_the_fixture(version, tmp_path):
     ck = tmp_path / "model.bin"
     {0: llama2c.write_v0, 2: llama2c.write_v2}[version](str(ck), meta, weights)
     mlb = tmp_path / "m.mlb"
-    run_tool("convert.py", ck, "-o", mlb, "--type", "f32")
+    import_model(ck, mlb, "--type", "f32")
     ids, want, greedy = reference("llama2")
     got = logits_of(mlb, ids, tmp_path).reshape(want.shape)
     if version == 0:

@@ -5,7 +5,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, FixtureJson, isas, run_ml, run_tool, runs_here, unavailable
+from conftest import FIXTURES, REPO, FixtureJson, import_tokenizer, isas, run_ml, runs_here, unavailable
 
 REAL = FixtureJson(FIXTURES / "real" / "gemma3-270m.json")
 
@@ -14,7 +14,7 @@ REAL = FixtureJson(FIXTURES / "real" / "gemma3-270m.json")
 def gemma(gem, tmp_path_factory):
     """kind -> Gemma 3 converted from the GGUF (.mlb), or 'mlt' (the tokenizer, from its tokenizer.json)."""
     mlt = tmp_path_factory.mktemp("gemma3-hf") / "gemma3.mlt"
-    run_tool("convert_tokenizer.py", FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json", "-o", mlt)
+    import_tokenizer(FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json", mlt)
     return lambda kind: mlt if kind == "mlt" else gem(kind)
 
 

@@ -14,7 +14,7 @@ import unicodedata
 
 import pytest
 
-from conftest import FIXTURES, ml_bin, run_tool
+from conftest import FIXTURES, import_model, ml_bin
 
 CASES_PER_FORMAT = 120
 # Address space of a run: the executable and one thread's stacks (about 8 MiB measured), plus room
@@ -96,7 +96,7 @@ def valid_files(tmp_path_factory, smol):
 
     root = tmp_path_factory.mktemp("hostile")
     mlb = root / "tiny.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", mlb, "--type", "q8_0")
+    import_model(FIXTURES / "hf-tiny" / "llama2", mlb, "--type", "q8_0")
     gguf = root / "tiny.gguf"
     llama3_gguf_like_llama_cpp(FIXTURES / "hf-tiny" / "llama3-scaled", gguf)
     return {"mlb": mlb, "mlt": smol("mlt"), "gguf": gguf}

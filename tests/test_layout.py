@@ -21,6 +21,7 @@ import mlb_layout
 from conftest import (
     FIXTURES,
     REPO,
+    import_model,
     isas,
     logits_bytes,
     ml_bin,
@@ -152,7 +153,7 @@ def test_k_quant_groups_give_the_gguf_files_logits(tmp_path):
     else:
         assert deinterleaved > 0, p.stderr  # the K-quant matrices, without eight-row K-quant kernels
     converted = tmp_path / "py.mlb"
-    run_tool("convert.py", gguf, "-o", converted, "--type", "auto")
+    import_model(gguf, converted, "--type", "auto")
     assert converted.read_bytes() == saved.read_bytes(), "convert.py and --save write different rows8 files"
 
 

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 
-from conftest import FIXTURES, run_ml, run_tool
+from conftest import FIXTURES, import_model, run_ml
 
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -18,7 +18,7 @@ TEXT = (
 
 def test_bench_prints_llama_bench_rows_and_roofline(tmp_path):
     mlb = tmp_path / "tiny.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", mlb, "--type", "q4_0")
+    import_model(FIXTURES / "hf-tiny" / "llama2", mlb, "--type", "q4_0")
     p = run_ml(mlb, "--bench", "-pp", "16", "-tg", "8", "-r", "2", "-t", "1")
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| tiny")]
     assert [r.split("|")[6].strip() for r in rows] == ["pp16", "tg8"], p.stdout

@@ -13,10 +13,10 @@ from conftest import (
     FIXTURES,
     REPO,
     SPEC_LINE,
+    import_model,
     isas,
     oldest_cpu,
     run_ml,
-    run_tool,
     runs_here,
     speculative_matches_plain,
 )
@@ -157,7 +157,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused(smollm2_gguf, tiny_llama
 
 def test_a_recurrent_model_cannot_speculate(tmp_path):
     mlb = tmp_path / "hybrid.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / "qwen3_5-hybrid", "-o", mlb, "--type", "q8_0")
+    import_model(FIXTURES / "hf-tiny" / "qwen3_5-hybrid", mlb, "--type", "q8_0")
     p = run_ml(mlb, "--prompt-ids", "1,2", "-n", 4, "--lookup", 2, check=False)
     assert p.returncode != 0 and "recurrent (DeltaNet)" in p.stderr, p.stderr
 

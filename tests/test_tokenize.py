@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, run_tool
+from conftest import FIXTURES, import_model, import_tokenizer
 from test_server import Server as ApiServer
 from test_server import error_of
 
@@ -87,9 +87,9 @@ def tiny(tmp_path_factory):
     hf.train_from_iterator(["The quick brown fox jumps over the lazy dog. " * 3, "Hello world, hello there."], trainer)
     hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", hf.token_to_id("<s>"))])
     hf.save(str(out / "tokenizer.json"))
-    run_tool("convert_tokenizer.py", out / "tokenizer.json", "-o", out / "tiny.mlt")
+    import_tokenizer(out / "tokenizer.json", out / "tiny.mlt")
     model = out / "llama2-q8_0.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / "llama2", "-o", model, "--type", "q8_0")
+    import_model(FIXTURES / "hf-tiny" / "llama2", model, "--type", "q8_0")
     s = Server(out, model, out / "tiny.mlt", "--ctx", TINY_CTX, "--cors-origin", ORIGIN)
     yield s, hf
     s.stop()

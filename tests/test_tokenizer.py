@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, run_ml, run_tool
+from conftest import FIXTURES, REPO, import_tokenizer, run_ml, run_tool
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -113,7 +113,7 @@ def converted(tmp_path_factory):
     out = {}
     for name in NAMES:
         mlt = tmp_path_factory.mktemp(name) / "tokenizer.mlt"
-        run_tool("convert_tokenizer.py", tokenizer_json(name), "-o", mlt)
+        import_tokenizer(tokenizer_json(name), mlt)
         out[name] = mlt
     return out
 
@@ -248,7 +248,7 @@ def variant(tmp_path, name, edit):
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(j), encoding="utf-8")
     mlt = tmp_path / "tokenizer.mlt"
-    run_tool("convert_tokenizer.py", path, "-o", mlt)
+    import_tokenizer(path, mlt)
     return tokenizers.Tokenizer.from_file(str(path)), mlt
 
 
@@ -348,7 +348,7 @@ def test_gguf_sentencepiece_path(cases_binary, tmp_path):
     w.write_tensors_to_file()
     w.close()
     mlt = tmp_path / "t.mlt"
-    run_tool("convert_tokenizer.py", tmp_path / "t.gguf", "-o", mlt)
+    import_tokenizer(tmp_path / "t.gguf", mlt)
     texts = CASES + random_texts(tokenizers.Tokenizer.from_file(str(tokenizer_json("gemma3"))), 20, 5)
     check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
 
@@ -391,7 +391,7 @@ def test_converter_rejects_unsupported(tmp_path):
 def test_gguf_tokenizer_matches_json(smollm2_gguf, converted, cases_binary, tmp_path):
     pytest.importorskip("gguf")
     mlt = tmp_path / "gguf.mlt"
-    run_tool("convert_tokenizer.py", smollm2_gguf, "-o", mlt)
+    import_tokenizer(smollm2_gguf, mlt)
     assert header(mlt) == header(converted["smollm2"])
     lines = encode_lines(CASES)
     from_gguf = cases_binary(mlt, lines, tmp_path)
@@ -441,7 +441,7 @@ def test_llama2c_tokenizer_bin(cases_binary, tmp_path):
         for t, b in zip(tokens, raw, strict=True):  # SentencePiece scores: the original rank
             f.write(struct.pack("<fi", -float(old_id.get(t, 0)), len(b)) + b)
     mlt = tmp_path / "t.mlt"
-    run_tool("convert_tokenizer.py", tmp_path / "tokenizer.bin", "-o", mlt)
+    import_tokenizer(tmp_path / "tokenizer.bin", mlt)
     texts = [t for t in CASES if t != LONG_PARAGRAPH and "<" not in t][:40]
     assert len(hf.encode("hello world").ids) <= 4  # words merge
     results = iter(cases_binary(mlt, encode_lines(texts), tmp_path))

@@ -29,7 +29,7 @@ use crate::tokenizer::Tokenizer;
 #[derive(Parser, Debug)]
 #[command(name = "ml_run", version, about = "Krafla: run a Llama-style model (.gguf or .mlb) on the CPU")]
 pub struct Args {
-    /// Model file (.mlb or .gguf). Not needed with --tokenize and -z.
+    /// Model: an .mlb or .gguf file, a Hugging Face directory (config.json, *.safetensors, tokenizer.json) or a llama2.c .bin. Not needed with --tokenize and -z.
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
@@ -234,7 +234,7 @@ fn run_model(
 ) -> Result<(), Fault> {
     let (Some(model_path), Some(file)) = (args.model.as_ref(), file) else {
         return Err(
-            "no model given (ml_run MODEL.gguf -p PROMPT, or ml_run MODEL.mlb -z TOKENIZER.mlt -p PROMPT)".into()
+            "no model given (ml_run MODEL.gguf -p PROMPT, ml_run MODEL_DIR -p PROMPT, or ml_run MODEL.mlb -z TOKENIZER -p PROMPT)".into()
         );
     };
     let model = args.run.load_model(file, tokenizer.as_ref(), args.imatrix_out.is_some())?;

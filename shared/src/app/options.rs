@@ -65,7 +65,7 @@ fn percent(s: &str) -> Result<f64, String> {
 /// Options of every mode that runs a model.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Tokenizer file (.mlt); a GGUF model brings its own.
+    /// Tokenizer: .mlt, tokenizer.json, a GGUF file or a llama2.c tokenizer.bin; a GGUF model or a model directory brings its own.
     #[arg(short = 'z', long = "tokenizer")]
     pub tokenizer: Option<PathBuf>,
     /// GGUF models: what the tensor types Krafla does not read (Q4_1, Q5_*,

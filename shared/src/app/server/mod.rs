@@ -61,9 +61,9 @@ use http::{Limits, ReadError, Request, Response};
 const CHAT_HTML: &str = include_str!("chat.html");
 
 #[derive(Parser, Debug)]
-#[command(name = "ml_server", version, about = "Krafla: an OpenAI-compatible HTTP server for one model (.mlb)")]
+#[command(name = "ml_server", version, about = "Krafla: an OpenAI-compatible HTTP server for one model")]
 pub struct ServerArgs {
-    /// Model file (.mlb).
+    /// Model: .mlb, .gguf, a Hugging Face directory or a llama2.c .bin.
     pub model: PathBuf,
     /// The model and how to run it (-z is required here).
     #[command(flatten)]
