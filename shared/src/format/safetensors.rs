@@ -39,6 +39,11 @@ impl SafetensorsFile {
         Ok(SafetensorsFile { path: path.display().to_string(), map: Bytes::map_file(path)? })
     }
 
+    /// A file's bytes in memory (the fuzz target).
+    pub fn from_bytes(bytes: Vec<u8>, path: &str) -> SafetensorsFile {
+        SafetensorsFile { path: path.to_string(), map: Bytes::Owned(bytes) }
+    }
+
     /// Its tensors, in the header's order; errors name the file.
     pub fn tensors(&self) -> Result<Vec<View<'_>>, String> {
         let path = &self.path;

@@ -94,7 +94,8 @@ impl Llama2c {
         Self::parse(map, shown.clone()).map_err(|e| format!("{shown}: {e}"))
     }
 
-    fn parse(map: Bytes, path: String) -> Result<Llama2c, String> {
+    /// A checkpoint's bytes (`path` names it in errors).
+    pub fn parse(map: Bytes, path: String) -> Result<Llama2c, String> {
         let size = map.len();
         if size < 28 {
             return Err("too small for a llama2.c checkpoint".into());

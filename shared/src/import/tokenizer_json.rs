@@ -39,6 +39,12 @@ pub fn import_tokenizer_json(path: &Path) -> Result<RawTokenizer, String> {
     read(&j, &config, &jinja).map_err(|e| format!("{shown}: unsupported tokenizer: {e}"))
 }
 
+/// A tokenizer.json's text alone (no files beside it: the fuzz target).
+pub fn import_tokenizer_json_text(text: &str) -> Result<RawTokenizer, String> {
+    let j: Value = serde_json::from_str(text).map_err(|e| format!("cannot read tokenizer: {e}"))?;
+    read(&j, &Value::Null, "").map_err(|e| format!("unsupported tokenizer: {e}"))
+}
+
 /// tokenizer_config.json and the chat template beside `path`.
 fn sidecar(path: &Path) -> Result<(Value, String), String> {
     let config_path = path.with_file_name("tokenizer_config.json");
@@ -412,7 +418,7 @@ pub fn import_tokenizer_bin(path: &Path) -> Result<RawTokenizer, String> {
     read_bin(&data).map_err(|e| format!("{shown}: unsupported tokenizer: {e}"))
 }
 
-fn read_bin(data: &[u8]) -> Result<RawTokenizer, String> {
+pub fn read_bin(data: &[u8]) -> Result<RawTokenizer, String> {
     let i32_at = |at: usize| data.get(at..at + 4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
     let max_len = i32_at(0).ok_or("truncated tokenizer.bin header")?;
     if !(1..=65536).contains(&max_len) {
