@@ -1,6 +1,6 @@
 """Forward pass against transformers' own logits (../shared/fixtures/hf-tiny).
 
-Each fixture is converted with tools/convert.py and run through the Krafla
+Each fixture is imported by the executable (`ml_run DIR --save`) and run through the Krafla
 executable with --prompt-ids / --logits-out / --print-ids.
 """
 import base64
@@ -12,8 +12,9 @@ import pytest
 
 # tools/ is on sys.path: conftest, which pytest loads before this module, puts it there
 import llama2c
+import mlb as mlb_file
 import reference_forward as rf
-from conftest import FIXTURES, import_model, isas, run_ml, run_tool
+from conftest import FIXTURES, import_model, isas, run_ml
 
 # Every family fixture: Llama 2, Llama 3 scaling, SmolLM2 (tied), Mistral (sliding
 # window), Qwen2 (biases), Qwen3 (q/k norm), SmolLM3 (NoPE layers), Gemma 2
@@ -95,12 +96,13 @@ def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converte
 @pytest.mark.parametrize("family,qtype", [("smollm2-tied", "q8_0"), ("smollm2-tied", "q4_0"),
                                           ("qwen3_5-hybrid", "q4_0"), ("gemma3-local-global", "q8_0")])
 def test_repacked_weights_give_identical_logits(family, qtype, tmp_path):
-    """x86 builds copy Q8_0/Q4_0 matrices stored in plain rows (`convert.py --layout rows`) into
+    """x86 builds copy Q8_0/Q4_0 matrices stored in plain rows (`mlb.write_plain_rows`) into
     eight-row interleaved groups at load (the startup line counts them); --no-repack keeps only the
     mapped file. Same logits, byte for byte. (Files stored in the groups: tests/test_layout.py.)"""
     ids, _, _ = reference(family)
     mlb = tmp_path / "plain.mlb"
-    run_tool("convert.py", FIXTURES / "hf-tiny" / family, "-o", mlb, "--type", qtype, "--layout", "rows")
+    import_model(FIXTURES / "hf-tiny" / family, tmp_path / "rows8.mlb", "--type", qtype)
+    mlb_file.write_plain_rows(tmp_path / "rows8.mlb", mlb)
     ids_arg = ",".join(map(str, ids))
     p = run_ml(mlb, "--prompt-ids", ids_arg, "-n", "0")
     repacked = float(re.search(r"\+ ([0-9.]+) MiB repacked weights", p.stderr).group(1))

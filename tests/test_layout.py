@@ -1,9 +1,9 @@
 """Tensor layouts of .mlb files (docs/FORMAT.md, "Tensor layouts").
 
 A file whose Q8_0 / Q4_0 / Q4_K / Q6_K matrices are stored as the eight-row
-groups the kernels read (`rows8`, what convert.py and --save write) gives the
-same logits, byte for byte, as the same model in plain rows (a version 1
-file, `convert.py --layout rows`, or the GGUF file itself), on every build:
+groups the kernels read (`rows8`, what --save writes) gives the same logits,
+byte for byte, as the same model in plain rows (a version 1 file,
+`mlb.write_plain_rows`, or the GGUF file itself), on every build:
 the host's, the one KRAFLA_BIN names, and the ARM builds under qemu. Builds
 with eight-row kernels use the groups in place (no repacked copy), the others
 de-interleave them at load; the startup line says which. A bad layout field
@@ -27,7 +27,6 @@ from conftest import (
     ml_bin,
     oldest_cpu,
     run_ml,
-    run_tool,
     unavailable,
     variant_table,
 )
@@ -45,12 +44,10 @@ def pair(tmp_path_factory):
 
     def get(family, qtype):
         if (family, qtype) not in cache:
-            files = []
-            for layout in ("rows", "rows8"):
-                out = root / f"{family}-{qtype}-{layout}.mlb"
-                run_tool("convert.py", FIXTURES / "hf-tiny" / family, "-o", out, "--type", qtype, "--layout", layout)
-                files.append(out)
-            cache[(family, qtype)] = tuple(files)
+            rows, rows8 = root / f"{family}-{qtype}-rows.mlb", root / f"{family}-{qtype}-rows8.mlb"
+            import_model(FIXTURES / "hf-tiny" / family, rows8, "--type", qtype)
+            mlb.write_plain_rows(rows8, rows)
+            cache[(family, qtype)] = (rows, rows8)
         return cache[(family, qtype)]
 
     return get
@@ -134,7 +131,7 @@ def test_save_interleaves_a_plain_file_as_the_converter_does(pair, tmp_path):
 
 def test_k_quant_groups_give_the_gguf_files_logits(tmp_path):
     """Gemma 3 270M Q4_K_M: Q4_K and Q6_K matrices (and Q8_0) stored in groups by --save give the
-    logits of the GGUF file (plain rows) run as it is; the Python converter writes the same bytes."""
+    logits of the GGUF file (plain rows) run as it is."""
     from conftest import models
     gguf = models.gemma3_gguf()
     saved = tmp_path / "gemma3.mlb"
@@ -152,9 +149,6 @@ def test_k_quant_groups_give_the_gguf_files_logits(tmp_path):
         assert deinterleaved == 0, p.stderr
     else:
         assert deinterleaved > 0, p.stderr  # the K-quant matrices, without eight-row K-quant kernels
-    converted = tmp_path / "py.mlb"
-    import_model(gguf, converted, "--type", "auto")
-    assert converted.read_bytes() == saved.read_bytes(), "convert.py and --save write different rows8 files"
 
 
 def entry_field(data, name, after_type):

@@ -3,7 +3,6 @@ its solo run; a conversation returns to the slot holding its prefix; the queue b
 deadlines and disconnects; `/metrics` read by Prometheus' own parser; `/health` while loading; the
 access log line. SmolLM2-135M-Instruct in Q4_0, driven by the real `openai` client."""
 import json
-import pathlib
 import re
 import subprocess
 import threading
@@ -14,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ml_bin
+from conftest import import_tokenizer, ml_bin
 from test_server import Server, error_of, health, wait_health, waiting_request
 
 CTX = 1024
@@ -226,8 +225,7 @@ def byte_tokenizer(tmp_path):
     tok.add_special_tokens(["<|endoftext|>"])
     tok.save(str(tmp_path / "tokenizer.json"))
     out = tmp_path / "bytes.mlt"
-    subprocess.run(["python3", "tools/convert_tokenizer.py", tmp_path / "tokenizer.json", "-o", out],
-                   check=True, cwd=pathlib.Path(__file__).parent.parent)
+    import_tokenizer(tmp_path / "tokenizer.json", out)
     return out
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, import_tokenizer, run_ml, run_tool
+from conftest import FIXTURES, REPO, import_tokenizer, run_ml
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -381,9 +381,9 @@ def test_converter_metadata(converted):
 def test_converter_rejects_unsupported(tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
-    p = run_tool("convert_tokenizer.py", path, "-o", tmp_path / "x.mlt", check=False)
+    p = run_ml("-z", path, "--save-tokenizer", tmp_path / "x.mlt", "--tokenize", "-p", "x", check=False)
     assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and "unsupported tokenizer" in p.stderr
+    assert p.stderr.count("\n") == 1 and "unsupported tokenizer" in p.stderr and "WordPiece" in p.stderr
     assert not (tmp_path / "x.mlt").exists()
     assert not list(tmp_path.glob(".x.mlt*")), "temp file left behind"
 
@@ -454,5 +454,6 @@ def test_llama2c_tokenizer_bin(cases_binary, tmp_path):
 
     bad = tmp_path / "bad.bin"
     bad.write_bytes((tmp_path / "tokenizer.bin").read_bytes()[:1001])
-    p = run_tool("convert_tokenizer.py", bad, "-o", tmp_path / "bad.mlt", check=False)
-    assert p.returncode == 2 and "truncated" in p.stderr or "bad length" in p.stderr
+    p = run_ml("-z", bad, "--save-tokenizer", tmp_path / "bad.mlt", "--tokenize", "-p", "x", check=False)
+    assert p.returncode == 2 and ("truncated" in p.stderr or "bad length" in p.stderr), p.stderr
+    assert p.stderr.count("\n") == 1 and not (tmp_path / "bad.mlt").exists()

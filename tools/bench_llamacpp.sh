@@ -77,7 +77,8 @@ GGUF=$(cd "$REPO" && "$PY" -c "import sys; sys.path.insert(0, 'tests'); import c
 QUANT=$(ls build-*/bin/llama-quantize | head -1)
 for ty in q4_0 q8_0; do
     [ -f "smollm2-$ty.gguf" ] || "$QUANT" --allow-requantize "$GGUF" "smollm2-$ty.gguf" "${ty^^}" > "quantize-$ty.log" 2>&1
-    [ -f "smollm2-$ty.mlb" ] || "$PY" "$REPO/tools/convert.py" "$GGUF" -o "smollm2-$ty.mlb" --type "$ty" > /dev/null
+    [ -f "smollm2-$ty.mlb" ] || "$REPO/dist/linux-x86_64/ml_sse2" "$GGUF" --type "$ty" --save "smollm2-$ty.mlb" \
+        --prompt-ids 1 -n 0 2> /dev/null
 done
 if [ "$SERVER" = 1 ] && [ -f qwen2.5-1.5b-random-f16.gguf ] && [ ! -f qwen2.5-1.5b-random-Q4_0.gguf ]; then
     "$QUANT" qwen2.5-1.5b-random-f16.gguf qwen2.5-1.5b-random-Q4_0.gguf Q4_0 > quantize-qwen-q4_0.log 2>&1

@@ -1,6 +1,6 @@
 """Write llama2.c checkpoints (legacy v0, v1 fp32, v2 Q8_0) from .mlb-layout
-weights — the inverse of tools/source_llama2c.py (the converter's llama2.c
-reader), following karpathy/llama2.c's run.c (v0) and export.py
+weights — the inverse of the executables' llama2.c reader
+(shared/src/import/llama2c.rs), following karpathy/llama2.c's run.c (v0) and export.py
 (version1_export / version2_export).  Used by the tests to round-trip the
 converter.
 
@@ -12,8 +12,15 @@ import struct
 
 import numpy as np
 
-from source_common import permute_to_interleaved
-from source_llama2c import LLAMA2C_MAGIC
+LLAMA2C_MAGIC = 0x616B3432  # "ak42"
+
+
+def permute_to_interleaved(w, n_head):
+    """Rows in Hugging Face's `half` RoPE layout (pairs i, i + hd/2) -> llama2.c's
+    interleaved layout (pairs 2i, 2i + 1): llama.cpp's convert_hf_to_gguf `permute`."""
+    rows = w.shape[0]
+    hd = rows // n_head
+    return w.reshape(n_head, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _layers(meta, W):

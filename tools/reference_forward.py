@@ -1,47 +1,60 @@
 #!/usr/bin/env python3
 """Numpy float32 reference forward pass for .mlb models: the oracle the tests
-check the converter and the Rust runtime against.
+check the Rust runtime (and, through the transformers fixtures, its importer) against.
 
     python3 tools/reference_forward.py check-real MODEL FIXTURE.json
         compare top-20 logits with a transformers fixture (shared/fixtures/real)
     python3 tools/reference_forward.py check-tiny MODEL REFERENCE.json
         compare full logits with an hf-tiny reference.json
 
-MODEL is an .mlb file, or anything tools/convert.py accepts (loaded as f32).
+MODEL is an .mlb file, or any model `ml_run` imports (loaded as f32 through `ml_run --save`).
 
 The forward pass implements the .mlb semantics of docs/FORMAT.md for the
 attention families (llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3,
 llama2c): RMSNorm (optionally 1+w), GQA, RoPE `half` with partial rotary,
 linear / llama3 scaling, NoPE layers, sliding windows, q/k norms, biases,
 soft-capping, SwiGLU / GeGLU, sandwich norms.  It is an independent check of
-the converter and of the Rust runtime, not an efficient implementation.
-tools/q4_experiment.py uses it for perplexity and importance matrices.
+the Rust runtime, not an efficient implementation.
 """
 import argparse
 import base64
 import json
 import math
 import os
+import subprocess
+import tempfile
 
 import numpy as np
 
-import convert
 import mlb
 
 # --------------------------------------------------------------------------
 # loading
 
+def ml_variant():
+    """The inference executable: $KRAFLA_BIN, else this checkout's release build."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.environ.get("KRAFLA_BIN", os.path.join(here, "..", "target", "release", "ml_variant"))
+
+
 def load_model(path):
-    """-> (meta, weights dict name -> float32 array)."""
+    """-> (meta, weights dict name -> float32 array). An .mlb is read as it is; any other model
+    (a Hugging Face directory, a GGUF file, a llama2.c checkpoint) is imported by the executable
+    in f32 (`ml_run PATH --type f32 --save`: its exact values)."""
+    path = os.fspath(path)
     if os.path.isfile(path):
         with open(path, "rb") as f:
             magic = f.read(8)
         if magic == mlb.MAGIC:
             r = mlb.MlbReader(path)
             return dict(r.meta), {n: r.get(n) for n in r.tensors}
-    meta, tensors = convert.load_source(path)
-    meta = {k: v for k, v in meta.items() if not k.startswith("_")}
-    return meta, {n: np.asarray(t[1](), dtype=np.float32) for n, t in tensors.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "model.mlb")
+        p = subprocess.run([ml_variant(), path, "--type", "f32", "--save", out, "--prompt-ids", "1", "-n", "0"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise ValueError(f"{path}: cannot import: {p.stderr.strip()}")
+        return load_model(out)
 
 
 # --------------------------------------------------------------------------

@@ -3,15 +3,15 @@ real inputs made by the project's own tools, so the fuzzer starts from files
 that parse.
 
   .mlb   the metadata of each tiny Hugging Face fixture (../shared/fixtures/
-         hf-tiny/<family>, converted by tools/convert.py) with two small
+         hf-tiny/<family>, imported by `ml_run DIR --save`) with two small
          tensors instead of the weights: a model configuration goes through
          every check, and a seed stays below 2 KB; one more (llama2-rows8)
          with an eight-row matrix in the eight-row groups (version 2, a
          layout field in each tensor entry);
   .mlt   the SmolLM2 (byte-level) and Gemma 3 (SentencePiece) tokenizers of
          ../shared/fixtures/tokenizers cut to their first tokens (and the
-         merges among them) by tools/convert_tokenizer.py, and the tokenizer
-         of the GGUF seed below;
+         merges among them) and imported by `ml_run -z --save-tokenizer`, and
+         the tokenizer of the GGUF seed below;
   GGUF   a one-layer Llama, Gemma 2 and Mistral with sliding windows
          (SentencePiece tokenizer, Q8_0/F16/F32 tensors) and a tensorless
          file with a byte-level (gpt2) tokenizer, written with the `gguf`
@@ -22,7 +22,8 @@ that parse.
   imatrix  two small importance matrices as `ml_run --imatrix-out` writes them;
   scaled   short inputs scaled up: nested groups, a long literal (`SCALED`).
 
-Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt).
+Run from anywhere: python3 tests/fuzz/make_seeds.py (needs tests/requirements.txt and the
+release build, target/release/ml_variant, or $KRAFLA_BIN).
 """
 import json
 import pathlib
@@ -40,8 +41,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import gguf  # noqa: E402
 
-import convert_tokenizer as ct  # noqa: E402
 import mlb  # noqa: E402
+from reference_forward import ml_variant  # noqa: E402
 
 MLB_FAMILIES = ["llama2", "gemma2-softcap", "gemma3-local-global", "qwen3_5-hybrid", "mistral-swa",
                 "llama3-scaled", "smollm3-nope"]
@@ -53,21 +54,24 @@ def put(target, name, data):
     (d / name).write_bytes(data)
 
 
+def ml(*args):
+    subprocess.run([ml_variant(), *map(str, args)], check=True, capture_output=True, stdin=subprocess.DEVNULL)
+
+
 def mlb_seeds(tmp):
     norm = np.ones(32, dtype="<f4").tobytes()
-    q8 = mlb.encode(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), mlb.Q8_0)
     for fam in MLB_FAMILIES:
         full = tmp / f"{fam}.mlb"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "convert.py"), str(FIXTURES / "hf-tiny" / fam),
-                        "-o", str(full), "--type", "q8_0"], check=True, capture_output=True)
-        meta = mlb.MlbReader(full).meta
+        ml(FIXTURES / "hf-tiny" / fam, "--type", "q8_0", "--save", full, "--prompt-ids", "1", "-n", "0")
+        r = mlb.MlbReader(full)
+        q8 = bytes(r.raw("token_embd"))[:2 * 34]  # two Q8_0 blocks: a [2, 32] matrix
         small = tmp / f"{fam}-small.mlb"
         with open(small, "wb") as f:
-            mlb.write_mlb(f, meta, [("output_norm", mlb.F32, [32], lambda: norm),
-                                    ("token_embd", mlb.Q8_0, [2, 32], lambda: q8)])
+            mlb.write_mlb(f, r.meta, [("output_norm", mlb.F32, [32], lambda: norm),
+                                      ("token_embd", mlb.Q8_0, [2, 32], lambda q8=q8: q8)])
         put("mlb", f"{fam}.mlb", small.read_bytes())
     # version 2: token_embd with eight rows, stored in the eight-row groups (layout rows8)
-    q8x8 = mlb.encode(np.linspace(-1, 1, 256, dtype=np.float32).reshape(8, 32), mlb.Q8_0)
+    q8x8 = bytes(mlb.MlbReader(tmp / "llama2.mlb").raw("token_embd"))[:8 * 34]
     rows8 = tmp / "llama2-rows8.mlb"
     with open(rows8, "wb") as f:
         mlb.write_mlb(f, mlb.MlbReader(tmp / "llama2.mlb").meta, [("output_norm", mlb.F32, [32], lambda: norm),
@@ -75,27 +79,30 @@ def mlb_seeds(tmp):
     put("mlb", "llama2-rows8.mlb", rows8.read_bytes())
 
 
-def cut(tok, n):
-    """The tokenizer restricted to its first `n` tokens and the merges among them."""
-    tokens = tok["tokens"][:n]
-    keep = set(range(n))
-    tok = dict(tok, tokens=tokens, types=tok["types"][:n],
-               scores=tok["scores"][:n] if tok["scores"] else None,
-               token_to_id={t: i for t, i in tok["token_to_id"].items() if i < n})
-    tok["merges"] = [(a, b) for a, b in tok["merges"]
-                     if a in keep and b in keep and tok["token_to_id"].get(tokens[a] + tokens[b], n) < n]
-    for k in ("bos", "eos", "eot", "unk", "pad"):
-        if tok[k] is not None and tok[k] >= n:
-            tok[k] = None
-    return tok
+def cut(path, n, out):
+    """The tokenizer.json at `path` restricted to its first `n` tokens and the merges among them,
+    written to `out`."""
+    j = json.loads(path.read_text(encoding="utf-8"))
+    vocab = {t: i for t, i in j["model"]["vocab"].items() if i < n}
+    j["model"]["vocab"] = vocab
+
+    def pair(m):
+        return m.split(" ", 1) if isinstance(m, str) else m
+
+    j["model"]["merges"] = [m for m in j["model"]["merges"]
+                            if all(p in vocab for p in pair(m)) and "".join(pair(m)) in vocab]
+    j["added_tokens"] = [a for a in j.get("added_tokens") or [] if a["id"] < n]
+    out.write_text(json.dumps(j), encoding="utf-8")
+    return out
 
 
 def mlt_seeds(tmp):
-    smol = ct.finish(ct.read_tokenizer_json(FIXTURES / "tokenizers" / "smollm2" / "tokenizer.json"))
-    put("mlt", "smollm2-600.mlt", ct.encode_mlt(cut(smol, 600)))
-    gemma = ct.finish(ct.read_tokenizer_json(FIXTURES / "tokenizers" / "gemma3" / "tokenizer.json"))
-    put("mlt", "gemma3-600.mlt", ct.encode_mlt(cut(gemma, 600)))
-    put("mlt", "llama-gguf.mlt", ct.encode_mlt(ct.finish(ct.read_gguf(tmp / "llama.gguf"))))
+    for name in ("smollm2", "gemma3"):
+        small = cut(FIXTURES / "tokenizers" / name / "tokenizer.json", 600, tmp / f"{name}-600.json")
+        ml("-z", small, "--save-tokenizer", tmp / f"{name}-600.mlt", "--tokenize", "-p", "x")
+        put("mlt", f"{name}-600.mlt", (tmp / f"{name}-600.mlt").read_bytes())
+    ml("-z", tmp / "llama.gguf", "--save-tokenizer", tmp / "llama-gguf.mlt", "--tokenize", "-p", "x")
+    put("mlt", "llama-gguf.mlt", (tmp / "llama-gguf.mlt").read_bytes())
 
 
 def one_layer_gguf(path, arch, extra_meta=(), extra_norms=()):
