@@ -152,7 +152,10 @@ impl RunArgs {
     pub fn open(&self, model: Option<&Path>) -> Result<(Option<ModelFile>, Option<Tokenizer>), Fault> {
         let file = model.map(ModelFile::open).transpose()?;
         if self.convert_type.is_some() && !matches!(file, Some(ModelFile::Import(_))) {
-            return Err("--type applies to models that are converted when loaded (GGUF, safetensors, llama2.c), not to .mlb files".into());
+            return Err(
+                "--type applies to models converted when loaded (GGUF, a model directory, llama2.c), not to .mlb files"
+                    .into(),
+            );
         }
         let raw: Option<RawTokenizer> = match (&self.tokenizer, &file) {
             (Some(path), _) => Some(read_tokenizer(path)?),
@@ -160,7 +163,9 @@ impl RunArgs {
             (None, _) => None,
         };
         if let Some(path) = &self.save_tokenizer {
-            let raw = raw.as_ref().ok_or("--save-tokenizer: there is no tokenizer (-z, or a GGUF model)")?;
+            let raw = raw.as_ref().ok_or(
+                "--save-tokenizer: there is no tokenizer (-z, a GGUF model or a model directory with tokenizer.json)",
+            )?;
             write_atomic(path, |out| out.write_all(&mlt::write(raw)))?;
         }
         let tokenizer = raw.map(Tokenizer::build).transpose()?;
