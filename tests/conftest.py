@@ -10,10 +10,12 @@ import os
 import pathlib
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -346,6 +348,38 @@ def import_tokenizer(src, out):
     run_ml("-z", src, "--save-tokenizer", out, "--tokenize", "-p", "x")
 
 
+IMATRIX_MAGIC = b"KRAFLA-IMATRIX-1\n"
+
+
+def write_imatrix(path, entries):
+    """An importance matrix file as `ml_run --imatrix-out` writes it (shared/src/import/imatrix.rs):
+    entries (name, rows, column weights), written in name order as the format asks."""
+    out = bytearray(IMATRIX_MAGIC + struct.pack("<I", len(entries)))
+    for name, rows, w in sorted(entries, key=lambda e: e[0]):
+        out += struct.pack("<I", len(name)) + name.encode() + struct.pack("<QI", rows, len(w))
+        out += np.asarray(w, "<f4").tobytes()
+    pathlib.Path(path).write_bytes(bytes(out))
+
+
+def read_imatrix(path):
+    """{name: column weights} of an importance matrix file (the test's reader of the format)."""
+    raw = pathlib.Path(path).read_bytes()
+    assert raw.startswith(IMATRIX_MAGIC)
+    at = len(IMATRIX_MAGIC)
+    (n,) = struct.unpack_from("<I", raw, at)
+    at += 4
+    out = {}
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<I", raw, at)
+        name = raw[at + 4:at + 4 + ln].decode()
+        _rows, cols = struct.unpack_from("<QI", raw, at + 4 + ln)
+        at += 4 + ln + 12
+        out[name] = np.frombuffer(raw, "<f4", cols, at).astype(np.float32)
+        at += 4 * cols
+    assert at == len(raw), "trailing bytes"
+    return out
+
+
 def run_tool(script, *args, check=True, timeout=1800):
     cmd = [sys.executable, str(TOOLS / script), *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -369,7 +403,8 @@ def smollm2_gguf():
 def converter(root, name, gguf, tokenizer_source):
     """get(kind) -> the model `gguf` converted into directory `root`: 'f32', 'q8_0', 'q4_0', ...
     (root/<name>-<kind>.mlb, by `ml_run --save`; q4_0 with the importance matrix the executable
-    measures on its built-in text) or 'mlt' (root/<name>.mlt, the tokenizer of
+    measures on its built-in text; f32 with --requantize: every tensor in f32, the GGUF's own
+    quantised ones too, the reference) or 'mlt' (root/<name>.mlt, the tokenizer of
     `tokenizer_source`, by `--save-tokenizer`). Each kind is converted once, on first use."""
     cache = {}
 
@@ -381,7 +416,7 @@ def converter(root, name, gguf, tokenizer_source):
             else:
                 # (q4_0: weighted by the importance matrix the executable measures on its own text)
                 out = root / f"{name}-{kind}.mlb"
-                import_model(gguf, out, "--type", kind)
+                import_model(gguf, out, "--type", kind, *(["--requantize"] if kind == "f32" else []))
             cache[kind] = out
         return cache[kind]
 

@@ -15,7 +15,7 @@ import pytest
 import llama2c
 import mlb
 import reference_forward as rf
-from conftest import FIXTURES, run_ml
+from conftest import FIXTURES, run_ml, write_imatrix
 
 TINY = FIXTURES / "hf-tiny"
 FAMILIES = sorted(p.name for p in TINY.iterdir() if (p / "config.json").exists()) if TINY.exists() else []
@@ -253,14 +253,14 @@ def test_qwen3_5_imports(tmp_path):
     assert r.tensors["blk.3.attn_q"][1] == (256, 64)
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q4_mixed"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q4_mixed", "f16"])
 def test_quantised_types_and_reference_logits(qtype, tmp_path):
     out = tmp_path / "m.mlb"
     save(TINY / "llama2", out, "--type", qtype)
     r = mlb.MlbReader(out)
     types = {n: t for n, (t, _, _) in r.tensors.items()}
     assert types["blk.0.attn_norm"] == mlb.F32 and types["output_norm"] == mlb.F32
-    assert types["blk.1.ffn_up"] == {"q8_0": mlb.Q8_0, "q4_0": mlb.Q4_0, "q4_mixed": mlb.Q4_0}[qtype]
+    assert types["blk.1.ffn_up"] == {"q8_0": mlb.Q8_0, "q4_0": mlb.Q4_0, "q4_mixed": mlb.Q4_0, "f16": mlb.F16}[qtype]
     if qtype == "q4_mixed":
         assert types["blk.1.ffn_down"] == mlb.Q8_0 and types["token_embd"] == mlb.Q8_0
     ids, want = reference_logits("llama2")
@@ -268,16 +268,7 @@ def test_quantised_types_and_reference_logits(qtype, tmp_path):
     rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
     # the tiny random model (init range 0.25) amplifies weight noise a lot;
     # these bounds only catch gross packing errors (a wrong layout gives ~1.4)
-    assert rel < {"q8_0": 0.15, "q4_0": 0.9, "q4_mixed": 0.9}[qtype]
-
-
-def imatrix_file(path, entries):
-    """An importance matrix as `ml_run --imatrix-out` writes it (shared/src/import/imatrix.rs)."""
-    out = bytearray(b"KRAFLA-IMATRIX-1\n" + struct.pack("<I", len(entries)))
-    for name, rows, w in sorted(entries, key=lambda e: e[0]):  # the format's order
-        out += struct.pack("<I", len(name)) + name.encode() + struct.pack("<QI", rows, len(w))
-        out += np.asarray(w, "<f4").tobytes()
-    path.write_bytes(bytes(out))
+    assert rel < {"f16": 0.01, "q8_0": 0.15, "q4_0": 0.9, "q4_mixed": 0.9}[qtype]
 
 
 def test_imatrix_option(tmp_path):
@@ -286,7 +277,7 @@ def test_imatrix_option(tmp_path):
     meta, W = rf.load_model(TINY / "llama2")
     rng = np.random.default_rng(5)
     im = {n: rng.uniform(0, 3, a.shape[1]).astype(np.float32) ** 4 for n, a in W.items() if a.ndim == 2}
-    imatrix_file(tmp_path / "im", [(n, W[n].shape[0], w) for n, w in im.items()])
+    write_imatrix(tmp_path / "im", [(n, W[n].shape[0], w) for n, w in im.items()])
     a, b = tmp_path / "a.mlb", tmp_path / "b.mlb"
     save(TINY / "llama2", a, "--type", "q4_0")
     save(TINY / "llama2", b, "--type", "q4_0", "--imatrix", tmp_path / "im")
@@ -295,7 +286,7 @@ def test_imatrix_option(tmp_path):
     n = "blk.1.ffn_gate"
     x = W[n]
     assert (((rb.get(n) - x) ** 2) * im[n]).sum() < (((ra.get(n) - x) ** 2) * im[n]).sum()
-    imatrix_file(tmp_path / "bad", [(n, W[n].shape[0], w if n != "blk.0.attn_q" else [1.0] * 3)
+    write_imatrix(tmp_path / "bad", [(n, W[n].shape[0], w if n != "blk.0.attn_q" else [1.0] * 3)
                                     for n, w in im.items()])
     out = tmp_path / "c.mlb"
     assert "blk.0.attn_q" in assert_clean_failure(save(TINY / "llama2", out, "--type", "q4_0", "--imatrix",

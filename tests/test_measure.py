@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 
-from conftest import FIXTURES, import_model, run_ml
+from conftest import FIXTURES, import_model, read_imatrix, run_ml
 
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -98,13 +98,11 @@ def test_kl_divergence_against_a_base(smol, tmp_path):
 def test_imatrix_out_is_what_the_model_reads(smol, tmp_path):
     """--imatrix-out: one entry per matrix of every layer, the mean square of its input columns
     (q, k, v share theirs; gate and up theirs), positive, from the built-in text or a text."""
-    from convert import load_imatrix  # tools/ is on sys.path (conftest)
-
     out = tmp_path / "m.imatrix"
     run_ml(smol("q8_0"), "-z", smol("mlt"), "--imatrix-out", out)
     raw = out.read_bytes()
     assert raw.startswith(b"KRAFLA-IMATRIX-1\n")
-    m = load_imatrix(out)
+    m = read_imatrix(out)
     kinds = {"attn_q", "attn_k", "attn_v", "attn_o", "ffn_gate", "ffn_up", "ffn_down"}
     assert set(m) == {f"blk.{i}.{k}" for i in range(30) for k in kinds}
     assert (m["blk.3.attn_q"] == m["blk.3.attn_v"]).all() and (m["blk.3.ffn_gate"] == m["blk.3.ffn_up"]).all()

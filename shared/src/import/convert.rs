@@ -373,7 +373,8 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
 /// F32; a tensor that may stay as it is (`keepable`: its source type) in
 /// the types Krafla reads as they are (F32, F16, Q8_0, Q4_0, Q4_K, Q5_K,
 /// Q6_K: used in place, whatever `ctype`), or from BF16 in F32 (exact);
-/// rows that are not whole blocks in F16; then `q8_0` everything in Q8_0,
+/// `f32` and `f16` every matrix in that type; rows that are not whole
+/// blocks in F16; then `q8_0` everything in Q8_0,
 /// `q4_0` and `auto` the embeddings and output in Q8_0 and the rest in
 /// Q4_0, except that `auto` keeps the other types of 5 bits a weight or
 /// more (Q5_0, Q5_1, Q8_K) in Q8_0.
@@ -388,15 +389,17 @@ pub fn choose_type(name: &str, dims: &[u64], keepable: Option<GgmlType>, ctype: 
     if keepable == Some(GgmlType::BF16) {
         return TensorType::F32;
     }
-    if ctype == ConvertType::F32 {
-        return TensorType::F32;
+    match ctype {
+        ConvertType::F32 => return TensorType::F32,
+        ConvertType::F16 => return TensorType::F16,
+        _ => {}
     }
     if !dims[1].is_multiple_of(QK as u64) {
         return TensorType::F16;
     }
     let wide = matches!(keepable, Some(GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8K));
     match ctype {
-        ConvertType::F32 | ConvertType::Q8_0 => TensorType::Q8_0,
+        ConvertType::F32 | ConvertType::F16 | ConvertType::Q8_0 => TensorType::Q8_0,
         _ if Q8_KINDS.contains(&kind) => TensorType::Q8_0,
         ConvertType::Auto if wide => TensorType::Q8_0,
         _ => TensorType::Q4_0,

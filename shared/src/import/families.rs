@@ -225,3 +225,46 @@ impl Family {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn family(arch: &str) -> &'static Family {
+        from_arch(arch).unwrap()
+    }
+
+    #[test]
+    fn default_layer_patterns_and_a_sources_own_period() {
+        let (s, f) = (SLIDING, FULL);
+        assert_eq!(family("gemma2").layer_kinds(4, None, None, None), Some(vec![s, f, s, f]));
+        assert_eq!(family("gemma3").layer_kinds(7, None, None, None), Some(vec![s, s, s, s, s, f, s]));
+        assert_eq!(family("gemma3").layer_kinds(4, None, Some(2), None), Some(vec![s, f, s, f]));
+        // llama.cpp: period 0 = every layer slides
+        assert_eq!(family("gemma3").layer_kinds(3, None, Some(0), None), Some(vec![s, s, s]));
+        assert_eq!(family("mistral").layer_kinds(3, Some(8), None, None), Some(vec![s, s, s]));
+        assert_eq!(family("mistral").layer_kinds(3, None, None, None), None);
+        assert_eq!(family("qwen2").layer_kinds(4, Some(8), None, Some(2)), Some(vec![f, f, s, s]));
+        // max_window_layers defaults to every layer: none slides
+        assert_eq!(family("qwen2").layer_kinds(4, Some(8), None, None), Some(vec![f, f, f, f]));
+        assert_eq!(family("llama").layer_kinds(4, Some(8), Some(2), None), None);
+    }
+
+    #[test]
+    fn families_are_found_by_each_sources_names() {
+        assert_eq!(from_hf(Some("gemma3_text"), &[]).unwrap().arch, "gemma3");
+        assert_eq!(from_hf(None, &["Foo", "Qwen3_5ForConditionalGeneration"]).unwrap().arch, "qwen3_5");
+        assert_eq!(from_hf(Some("llava_like"), &["Bar"]).map(|f| f.arch), None);
+        assert_eq!(from_gguf("gemma3").unwrap().arch, "gemma3");
+        // Qwen3.5 and llama2.c have no GGUF name: an empty one matches nothing
+        assert!(from_gguf("qwen3_5").is_none() && from_gguf("").is_none() && from_gguf("llama2c").is_none());
+    }
+
+    #[test]
+    fn gemma_norms_are_offset_unless_the_file_stores_them_so() {
+        let names = |stored| family("gemma3").traits(640, stored).into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        assert_eq!(names(false), ["qk_norm", "norm_unit_offset", "norm_sandwich", "embed_scale", "ffn_act"]);
+        assert_eq!(names(true), ["qk_norm", "norm_sandwich", "embed_scale", "ffn_act"]);
+        assert!(family("qwen3_5").traits(64, false).iter().any(|(k, _)| *k == "attn_output_gate"));
+    }
+}

@@ -101,7 +101,10 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         .ok_or("missing general.architecture")?
         .as_str()
         .ok_or("general.architecture is not a string")?;
-    let family = families::from_gguf(ga).ok_or_else(|| format!("unsupported architecture {ga:?}"))?;
+    let family = families::from_gguf(ga).ok_or_else(|| {
+        let known: Vec<&str> = families::FAMILIES.iter().map(|f| f.gguf_arch).filter(|a| !a.is_empty()).collect();
+        format!("unsupported architecture {ga:?} (supported: {})", known.join(", "))
+    })?;
     let key = |k: &str| format!("{ga}.{k}");
     let get = |k: &str| g.get(&key(k));
     // an integer, or the first of an array of them (per-layer counts)

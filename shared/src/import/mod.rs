@@ -125,6 +125,7 @@ pub fn read_tokenizer(path: &std::path::Path) -> Result<RawTokenizer, Fault> {
 pub enum ConvertType {
     Q8_0,
     F32,
+    F16,
     Q4_0,
     Q4Mixed,
     Auto,
@@ -154,16 +155,24 @@ impl ImportOptions {
 }
 
 impl ConvertType {
-    pub const ALL: [ConvertType; 5] =
-        [ConvertType::Q8_0, ConvertType::F32, ConvertType::Q4_0, ConvertType::Q4Mixed, ConvertType::Auto];
+    pub const ALL: [ConvertType; 6] = [
+        ConvertType::Q8_0,
+        ConvertType::F32,
+        ConvertType::F16,
+        ConvertType::Q4_0,
+        ConvertType::Q4Mixed,
+        ConvertType::Auto,
+    ];
 
     /// What it does, for `--help`.
     pub fn help(self) -> &'static str {
         match self {
             ConvertType::Q8_0 => "Everything to Q8_0",
             ConvertType::F32 => {
-                "Everything to F32: the source's values exactly, 4 bytes a weight (a reference for measuring the others)"
+                "Matrices to F32: the source's values exactly, 4 bytes a weight (a reference for measuring the others; \
+                 from GGUF with --requantize, else its types Krafla reads stay)"
             }
+            ConvertType::F16 => "Matrices to F16 (half of f32's bytes; norms and biases stay F32)",
             ConvertType::Q4_0 => "The embeddings and output to Q8_0, the rest to fitted Q4_0",
             ConvertType::Q4Mixed => {
                 "As q4_0, but the matrices most sensitive per byte stay in Q8_0, within a byte budget (`--mixed-budget`)"
@@ -179,6 +188,7 @@ impl ConvertType {
         match self {
             ConvertType::Q8_0 => "q8_0",
             ConvertType::F32 => "f32",
+            ConvertType::F16 => "f16",
             ConvertType::Q4_0 => "q4_0",
             ConvertType::Q4Mixed => "q4_mixed",
             ConvertType::Auto => "auto",

@@ -561,3 +561,24 @@ fn overflowing_activations_are_told_apart_from_weights() {
     let err = model.check_logits(&bad, 10).unwrap_err();
     assert!(err.starts_with("the logits at position 11 are not finite (-inf for token 7)"), "{err}");
 }
+
+#[test]
+fn f32_and_f16_convert_every_matrix_but_the_types_krafla_reads_unless_requantized() {
+    use super::convert::choose_type;
+    let m = [256u64, 512];
+    for (ctype, want) in [(ConvertType::F32, TensorType::F32), (ConvertType::F16, TensorType::F16)] {
+        // a float source (safetensors, llama2.c: nothing kept), rows of any length
+        assert_eq!(choose_type("blk.0.attn_q", &m, None, ctype), want);
+        assert_eq!(choose_type("blk.0.attn_q", &[64, 48], None, ctype), want);
+        assert_eq!(choose_type("token_embd", &m, None, ctype), want);
+        // GGUF: what Krafla reads stays; the rest (Q4_1, BF16 as F32) converts
+        assert_eq!(choose_type("blk.0.attn_q", &m, Some(GgmlType::Q4K), ctype), TensorType::Q4K);
+        assert_eq!(choose_type("blk.0.attn_q", &m, Some(GgmlType::Q4_1), ctype), want);
+        // vectors stay F32 under any type
+        assert_eq!(choose_type("blk.0.attn_norm", &[256], None, ctype), TensorType::F32);
+    }
+    assert_eq!(choose_type("blk.0.attn_q", &m, Some(GgmlType::BF16), ConvertType::F16), TensorType::F32);
+    // q8_0 of a float source; rows that are not whole blocks in F16
+    assert_eq!(choose_type("blk.0.attn_q", &m, None, ConvertType::Q8_0), TensorType::Q8_0);
+    assert_eq!(choose_type("blk.0.attn_q", &[64, 48], None, ConvertType::Q8_0), TensorType::F16);
+}

@@ -65,7 +65,7 @@ const CHAT_HTML: &str = include_str!("chat.html");
 pub struct ServerArgs {
     /// Model: .mlb, .gguf, a Hugging Face directory or a llama2.c .bin.
     pub model: PathBuf,
-    /// The model and how to run it (-z is required here).
+    /// The model and how to run it (a tokenizer is required: -z, or the GGUF's or the directory's own).
     #[command(flatten)]
     pub run: RunArgs,
     #[command(flatten)]
@@ -198,7 +198,8 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
 
     let (file, tokenizer) = args.run.open(Some(&args.model))?;
     let file = file.ok_or("no model given")?;
-    let tokenizer = tokenizer.ok_or("ml_server needs a tokenizer (-z TOKENIZER.mlt, or a GGUF model)")?;
+    let tokenizer = tokenizer
+        .ok_or("ml_server needs a tokenizer (-z TOKENIZER, a GGUF model, or a model directory with tokenizer.json)")?;
     let template = args.run.template(Some(&tokenizer), true)?;
     let (pool, threads) = args.run.thread_pool()?;
     let model = pool.install(|| args.run.load_model(file, Some(&tokenizer), false))?;
