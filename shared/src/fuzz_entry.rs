@@ -249,6 +249,48 @@ pub fn imatrix(data: &[u8]) {
     }
 }
 
+/// The readers of the formats other than GGUF that a model is imported
+/// from, chosen by the first byte: a config.json (and, when it parses, the
+/// metadata's layer pattern), a `.safetensors` file, a `tokenizer.json`
+/// (then the tokenizer built from it), llama2.c's `tokenizer.bin`, or a
+/// llama2.c checkpoint (then its import as Q8_0 and the model's config).
+pub fn import_sources(data: &[u8]) {
+    use crate::format::mlb::Bytes;
+    use crate::format::safetensors::SafetensorsFile;
+    use crate::import::{hf_config, llama2c::Llama2c, tokenizer_json};
+    let Some((&which, rest)) = data.split_first() else { return };
+    let text = String::from_utf8_lossy(rest);
+    let built = |raw: Result<mlt::RawTokenizer, String>| match raw.and_then(Tokenizer::build) {
+        Ok(t) => exercise(&t),
+        Err(e) => one_line(&e),
+    };
+    match which % 5 {
+        0 => {
+            if let Err(e) = hf_config::parse(&text) {
+                one_line(&e)
+            }
+        }
+        1 => {
+            if let Err(e) = SafetensorsFile::from_bytes(rest.to_vec(), "fuzz.safetensors").tensors() {
+                one_line(&e)
+            }
+        }
+        2 => built(tokenizer_json::import_tokenizer_json_text(&text)),
+        3 => built(tokenizer_json::read_bin(rest)),
+        _ => match Llama2c::parse(Bytes::Owned(rest.to_vec()), "fuzz.bin".into()) {
+            Ok(m) => match m.import(&ImportOptions::new(ConvertType::Q8_0)) {
+                Ok(mlb) => {
+                    if let Err(e) = Config::from_mlb(&mlb) {
+                        one_line(&e)
+                    }
+                }
+                Err(e) => one_line(&e.to_string()),
+            },
+            Err(e) => one_line(&e),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// `scaled` builds P A^n M C^n S, within its limit.
@@ -341,47 +383,5 @@ mod tests {
                 Config::from_mlb(&import_model(g, &ImportOptions::new(ConvertType::Auto)).unwrap()).unwrap();
             }
         }
-    }
-}
-
-/// The readers of the formats other than GGUF that a model is imported
-/// from, chosen by the first byte: a config.json (and, when it parses, the
-/// metadata's layer pattern), a `.safetensors` file, a `tokenizer.json`
-/// (then the tokenizer built from it), llama2.c's `tokenizer.bin`, or a
-/// llama2.c checkpoint (then its import as Q8_0 and the model's config).
-pub fn import_sources(data: &[u8]) {
-    use crate::format::mlb::Bytes;
-    use crate::format::safetensors::SafetensorsFile;
-    use crate::import::{hf_config, llama2c::Llama2c, tokenizer_json};
-    let Some((&which, rest)) = data.split_first() else { return };
-    let text = String::from_utf8_lossy(rest);
-    let built = |raw: Result<mlt::RawTokenizer, String>| match raw.and_then(Tokenizer::build) {
-        Ok(t) => exercise(&t),
-        Err(e) => one_line(&e),
-    };
-    match which % 5 {
-        0 => {
-            if let Err(e) = hf_config::parse(&text) {
-                one_line(&e)
-            }
-        }
-        1 => {
-            if let Err(e) = SafetensorsFile::from_bytes(rest.to_vec(), "fuzz.safetensors").tensors() {
-                one_line(&e)
-            }
-        }
-        2 => built(tokenizer_json::import_tokenizer_json_text(&text)),
-        3 => built(tokenizer_json::read_bin(rest)),
-        _ => match Llama2c::parse(Bytes::Owned(rest.to_vec()), "fuzz.bin".into()) {
-            Ok(m) => match m.import(&ImportOptions::new(ConvertType::Q8_0)) {
-                Ok(mlb) => {
-                    if let Err(e) = Config::from_mlb(&mlb) {
-                        one_line(&e)
-                    }
-                }
-                Err(e) => one_line(&e.to_string()),
-            },
-            Err(e) => one_line(&e),
-        },
     }
 }
