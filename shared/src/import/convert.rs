@@ -187,6 +187,13 @@ pub fn makes_q4(plan: &[SourceTensor], opts: &ImportOptions) -> bool {
     plan.iter().any(|t| choose_type(&t.name, &t.shape(), t.keepable(opts), opts.ctype) == TensorType::Q4_0)
 }
 
+/// Whether a source that keeps nothing in place (floats: safetensors,
+/// llama2.c) would have any of its tensors, by `.mlb` name and shape
+/// (rows first), made Q4_0: decided before any bytes are read or made.
+pub fn makes_q4_of_floats<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a [u64])>, opts: &ImportOptions) -> bool {
+    tensors.into_iter().any(|(name, shape)| choose_type(name, shape, None, opts.ctype) == TensorType::Q4_0)
+}
+
 /// The metadata `convert` adds after the source's: `convert_type`, and
 /// for the Q4_0 types how their scales were chosen.
 pub fn conversion_metadata(opts: &ImportOptions) -> Metadata {

@@ -143,21 +143,30 @@ impl HfModel {
         })?
     }
 
-    /// Whether `import(opts)` would make any tensor Q4_0.
+    /// Whether `import(opts)` would make any tensor Q4_0 (from the names
+    /// and shapes: no tensor is read).
     pub fn makes_q4(&self, opts: &ImportOptions) -> Result<bool, String> {
-        self.with_tensors(|_, plan| convert::makes_q4(plan, opts))
+        let views = self.views()?;
+        let (_, named) = self.names(&views).map_err(|e| format!("{}: {e}", self.path()))?;
+        Ok(convert::makes_q4_of_floats(named.iter().map(|(n, _, shape)| (n.as_str(), shape.as_slice())), opts))
+    }
+
+    /// Every tensor of the files, by name.
+    fn views(&self) -> Result<HashMap<String, View<'_>>, String> {
+        let mut views = HashMap::new();
+        for file in &self.files {
+            for v in file.tensors()? {
+                views.insert(v.name.clone(), v);
+            }
+        }
+        Ok(views)
     }
 
     /// `f` of the metadata and the tensors in `.mlb` order and names, their
     /// shapes checked. Errors name the directory.
     fn with_tensors<R>(&self, f: impl FnOnce(Vec<(String, MetaValue)>, &[SourceTensor]) -> R) -> Result<R, String> {
         let shown = self.path();
-        let mut views: HashMap<String, View> = HashMap::new();
-        for file in &self.files {
-            for v in file.tensors()? {
-                views.insert(v.name.clone(), v);
-            }
-        }
+        let views = self.views()?;
         // F64 tensors narrowed to f32 (rare: kept here for as long as the plan)
         let narrowed: HashMap<&str, Vec<u8>> = views
             .values()
@@ -232,11 +241,10 @@ impl HfModel {
         }
         for (i, mut present) in by_layer.into_iter().enumerate() {
             let linear = kinds.is_some_and(|k| k[i] == super::families::LINEAR);
-            let mut required: Vec<String> = ["input_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight"]
-                .iter()
-                .chain(&["mlp.down_proj.weight"])
-                .map(|s| s.to_string())
-                .collect();
+            let mut required: Vec<String> =
+                ["input_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+                    .map(String::from)
+                    .to_vec();
             required.extend((if sandwich { SANDWICH_NAMES } else { PLAIN_NAMES }).iter().map(|(s, _)| s.to_string()));
             if linear {
                 required.extend(LINEAR_NAMES.iter().map(|(s, _)| format!("linear_attn.{s}")));

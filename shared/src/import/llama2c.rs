@@ -223,9 +223,10 @@ impl Llama2c {
         })?
     }
 
-    /// Whether `import(opts)` would make any tensor Q4_0.
+    /// Whether `import(opts)` would make any tensor Q4_0 (from the names
+    /// and shapes: nothing is dequantised or reordered).
     pub fn makes_q4(&self, opts: &ImportOptions) -> Result<bool, String> {
-        self.with_tensors(|_, plan| convert::makes_q4(plan, opts))
+        Ok(convert::makes_q4_of_floats(self.entries.iter().map(|e| (e.name.as_str(), e.shape.as_slice())), opts))
     }
 
     /// `f` of the metadata and the tensors (the Q8_0 and interleaved ones

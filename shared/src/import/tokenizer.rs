@@ -2,8 +2,8 @@
 //! BPE (`tokenizer.ggml.model = gpt2`) with its `tokenizer.ggml.pre`
 //! pre-tokenizer, or SentencePiece BPE (`llama`) with merges derived from
 //! the piece scores; the chat template kind from `tokenizer.chat_template`;
-//! BOS, EOS and end-of-turn ids. `tools/convert_tokenizer.py` (`read_gguf`,
-//! `finish`) step for step, so that `--save-tokenizer` writes its bytes.
+//! BOS, EOS and end-of-turn ids. `finish` is what every source's tokenizer
+//! gets last (`tokenizer_json.rs` uses it too).
 
 use std::collections::HashMap;
 
@@ -39,7 +39,7 @@ fn token_type(gguf: i64) -> u8 {
 
 /// Chat template kinds, the tokens that mark each in a vocabulary, and its
 /// end-of-turn token.
-pub(super) const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
+const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
     ("chatml", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     ("gemma", ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
     ("llama3", ["<|start_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
@@ -94,7 +94,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
         }
         Ok(Some(a.iter().collect()))
     };
-    let mut types: Vec<u8> = match numbers("tokenizer.ggml.token_type")? {
+    let types: Vec<u8> = match numbers("tokenizer.ggml.token_type")? {
         Some(v) => v
             .iter()
             .map(|t| t.as_i64().map(token_type).ok_or("a token type is not an integer"))
@@ -180,40 +180,48 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
         None => "",
     };
 
-    // convert_tokenizer.py's finish: the template kind (from the vocabulary
-    // when the file has no template) and the end-of-turn id.
-    let mut chat = template_kind(jinja);
-    if chat.is_empty() && jinja.is_empty() {
-        chat = TEMPLATE_TOKENS
-            .iter()
-            .find(|(_, marks, _)| marks.iter().all(|t| token_to_id.contains_key(t)))
-            .map_or("", |(kind, _, _)| kind);
-    }
-    let eot = id("tokenizer.ggml.eot_token_id").or_else(|| {
-        let eot_token = TEMPLATE_TOKENS.iter().find(|(kind, _, _)| *kind == chat).map_or("", |(_, _, t)| t);
-        token_to_id.get(eot_token).copied().or(eos)
-    });
-    let unk = id("tokenizer.ggml.unknown_token_id");
-    if let Some(u) = unk {
-        if types[u as usize] == TYPE_NORMAL {
-            types[u as usize] = TYPE_UNKNOWN;
-        }
-    }
-    Ok(RawTokenizer {
+    let raw = RawTokenizer {
         kind,
         pretok,
         flags,
         bos,
         eos,
-        eot,
-        unk,
+        eot: id("tokenizer.ggml.eot_token_id"),
+        unk: id("tokenizer.ggml.unknown_token_id"),
         pad: id("tokenizer.ggml.padding_token_id"),
-        chat_template: chat.to_string(),
+        chat_template: String::new(),
         tokens,
         scores,
         types,
         merges,
-    })
+    };
+    Ok(finish(raw, jinja))
+}
+
+/// What every source's tokenizer gets last: the chat template kind from
+/// the template's text (from the vocabulary's turn tokens when there is
+/// none), the end-of-turn id when the source names none (the kind's
+/// end-of-turn token, else EOS), and the unknown token's type.
+pub(super) fn finish(mut t: RawTokenizer, jinja: &str) -> RawTokenizer {
+    let first_id = |tok: &str| t.tokens.iter().position(|x| x == tok).map(|i| i as u32);
+    let mut chat = template_kind(jinja);
+    if chat.is_empty() && jinja.is_empty() {
+        chat = TEMPLATE_TOKENS
+            .iter()
+            .find(|(_, marks, _)| marks.iter().all(|m| first_id(m).is_some()))
+            .map_or("", |(kind, _, _)| kind);
+    }
+    if t.eot.is_none() {
+        let eot_token = TEMPLATE_TOKENS.iter().find(|(kind, _, _)| *kind == chat).map_or("", |(_, _, e)| e);
+        t.eot = first_id(eot_token).or(t.eos);
+    }
+    if let Some(u) = t.unk {
+        if t.types[u as usize] == TYPE_NORMAL {
+            t.types[u as usize] = TYPE_UNKNOWN;
+        }
+    }
+    t.chat_template = chat.to_string();
+    t
 }
 
 /// SentencePiece BPE as merges: every split of a normal or user piece into

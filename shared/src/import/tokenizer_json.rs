@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::hf::{read_json_text, MAX_JSON};
-use super::tokenizer::{spm_merges_from_scores, template_kind, TEMPLATE_TOKENS};
+use super::tokenizer::{finish, spm_merges_from_scores};
 use crate::format::mlt::{
     ModelKind, PreTokenizer, RawTokenizer, FLAG_ADD_BOS, FLAG_ADD_EOS, FLAG_BYTE_FALLBACK, FLAG_IGNORE_MERGES,
     FLAG_METASPACE, FLAG_NFC, FLAG_PREFIX_SPACE, MAX_MERGES, MAX_TOKEN_LEN, MAX_VOCAB, TYPE_BYTE, TYPE_CONTROL,
@@ -385,27 +385,6 @@ fn read(j: &Value, config: &Value, jinja: &str) -> Result<RawTokenizer, String> 
         },
         jinja,
     ))
-}
-
-/// The chat template kind (from the vocabulary when there is no template),
-/// the end-of-turn id, and the unknown token's type.
-fn finish(mut t: RawTokenizer, jinja: &str) -> RawTokenizer {
-    let mut chat = template_kind(jinja);
-    if chat.is_empty() && jinja.is_empty() {
-        let has = |tok: &str| t.tokens.iter().any(|x| x == tok);
-        chat = TEMPLATE_TOKENS.iter().find(|(_, marks, _)| marks.iter().all(|m| has(m))).map_or("", |(k, _, _)| k);
-    }
-    if t.eot.is_none() {
-        let eot_token = TEMPLATE_TOKENS.iter().find(|(kind, _, _)| *kind == chat).map_or("", |(_, _, e)| e);
-        t.eot = t.tokens.iter().position(|x| x == eot_token).map(|i| i as u32).or(t.eos);
-    }
-    if let Some(u) = t.unk {
-        if t.types[u as usize] == TYPE_NORMAL {
-            t.types[u as usize] = TYPE_UNKNOWN;
-        }
-    }
-    t.chat_template = chat.to_string();
-    t
 }
 
 /// llama2.c's `tokenizer.bin`: i32 max_token_length, then per token an f32
