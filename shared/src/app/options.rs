@@ -280,18 +280,13 @@ impl ModelFile {
     /// config.json) or a llama2.c checkpoint (`.bin`) opened and validated;
     /// any other file is taken for an `.mlb`, which `Mlb::open` checks.
     pub fn open(path: &Path) -> Result<ModelFile, String> {
-        use std::io::Read;
         if path.is_dir() {
             if !hf::is_model_dir(path) {
                 return Err(format!("{}: a directory without config.json is not a model", path.display()));
             }
             return Ok(ModelFile::Import(Box::new(Source::Hf(Box::new(hf::HfModel::open(path)?)))));
         }
-        let mut head = [0u8; 4];
-        let n = std::fs::File::open(path)
-            .and_then(|mut f| f.read(&mut head))
-            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
-        if Gguf::sniff(&head[..n]) {
+        if Gguf::sniff_file(path)? {
             Ok(ModelFile::Import(Box::new(Source::Gguf(Box::new(Gguf::open(path)?)))))
         } else if llama2c::is_checkpoint(path) {
             Ok(ModelFile::Import(Box::new(Source::Llama2c(Box::new(llama2c::Llama2c::open(path)?)))))

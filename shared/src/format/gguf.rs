@@ -339,6 +339,17 @@ impl Gguf {
         bytes.starts_with(b"GGUF")
     }
 
+    /// Whether the file at `path` starts like a GGUF file (its first four
+    /// bytes read); errors are one line naming the file.
+    pub fn sniff_file(path: &std::path::Path) -> Result<bool, String> {
+        use std::io::Read;
+        let mut head = [0u8; 4];
+        let n = std::fs::File::open(path)
+            .and_then(|mut f| f.read(&mut head))
+            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+        Ok(Self::sniff(&head[..n]))
+    }
+
     pub fn get(&self, key: &str) -> Option<Value<'_>> {
         self.by_key.get(key).map(|&i| self.meta[i].value(&self.map))
     }

@@ -100,15 +100,7 @@ impl Source {
 /// A tokenizer file given on its own (`-z`): `.mlt`, a `tokenizer.json`,
 /// a GGUF file's tokenizer, or llama2.c's `tokenizer.bin`.
 pub fn read_tokenizer(path: &std::path::Path) -> Result<RawTokenizer, Fault> {
-    let magic = {
-        use std::io::Read;
-        let mut head = [0u8; 4];
-        let n = std::fs::File::open(path)
-            .and_then(|mut f| f.read(&mut head))
-            .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
-        head[..n].to_vec()
-    };
-    if Gguf::sniff(&magic) {
+    if Gguf::sniff_file(path)? {
         return Ok(tokenizer::import_tokenizer(&Gguf::open(path)?)?);
     }
     if tokenizer_json::is_tokenizer_json(path) {
