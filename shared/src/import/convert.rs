@@ -334,6 +334,7 @@ pub fn check_shapes(meta: &[(String, MetaValue)], plan: &[SourceTensor]) -> Resu
         _ => 0,
     };
     let [d, v, f, h, hkv, hd] = ["hidden_size", "vocab_size", "ffn_dim", "n_heads", "n_kv_heads", "head_dim"].map(int);
+    let [e, fe, fs] = ["n_experts", "expert_ffn_dim", "shared_expert_ffn_dim"].map(int);
     if hkv == 0 || h % hkv != 0 {
         return Err(format!("n_heads {h} not a multiple of n_kv_heads {hkv}"));
     }
@@ -352,6 +353,12 @@ pub fn check_shapes(meta: &[(String, MetaValue)], plan: &[SourceTensor]) -> Resu
             "attn_k_bias" | "attn_v_bias" => &[kv],
             "ffn_gate" | "ffn_up" => &[f, d],
             "ffn_down" => &[d, f],
+            "ffn_gate_inp" => &[e, d],
+            "ffn_gate_exps" | "ffn_up_exps" => &[e.saturating_mul(fe), d],
+            "ffn_down_exps" => &[e.saturating_mul(d), fe],
+            "ffn_gate_shexp" | "ffn_up_shexp" => &[fs, d],
+            "ffn_down_shexp" => &[d, fs],
+            "ffn_gate_inp_shexp" => &[1, d],
             _ => continue,
         };
         let shape = t.shape();
@@ -376,8 +383,8 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
     })
 }
 
-/// The `.mlb` type of one tensor of shape `dims` (rows first): vectors in
-/// F32; a tensor that may stay as it is (`keepable`: its source type) in
+/// The `.mlb` type of one tensor of shape `dims` (rows first): vectors and
+/// the experts' routers in F32; a tensor that may stay as it is (`keepable`: its source type) in
 /// the types Krafla reads as they are (F32, F16, Q8_0, Q4_0, Q4_K, Q5_K,
 /// Q6_K: used in place, whatever `ctype`), or from BF16 in F32 (exact);
 /// `f32` and `f16` every matrix in that type; rows that are not whole
@@ -387,7 +394,13 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
 /// more (Q5_0, Q5_1, Q8_K) in Q8_0.
 pub fn choose_type(name: &str, dims: &[u64], keepable: Option<GgmlType>, ctype: ConvertType) -> TensorType {
     let kind = kind_of(name);
-    if dims.len() != 2 || kind.ends_with("norm") || kind.ends_with("bias") || kind == "ssm_conv" {
+    // (the routers too: small, and what they choose should not move with the weights' type)
+    if dims.len() != 2
+        || kind.ends_with("norm")
+        || kind.ends_with("bias")
+        || kind == "ssm_conv"
+        || kind.starts_with("ffn_gate_inp")
+    {
         return TensorType::F32;
     }
     if let Some(t) = keepable.and_then(kept_type) {

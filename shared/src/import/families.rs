@@ -60,6 +60,9 @@ pub struct Family {
     pub softcaps: bool,
     /// RoPE theta of sliding layers, which llama.cpp hard-codes.
     pub local_rope_theta: Option<f64>,
+    /// Mixture-of-Experts layers divide the chosen experts' weights by
+    /// their sum (when the model has experts; llama.cpp fixes it per family).
+    pub expert_weights_norm: bool,
 }
 
 const BASE: Family = Family {
@@ -77,15 +80,18 @@ const BASE: Family = Family {
     qk_permuted: false,
     softcaps: false,
     local_rope_theta: None,
+    expert_weights_norm: false,
 };
 
 pub const FAMILIES: &[Family] = &[
+    // (Mixtral too: Llama blocks with experts)
     Family {
         arch: "llama",
         gguf_arch: "llama",
         hf_model_types: &["llama"],
         hf_classes: &["LlamaForCausalLM"],
         qk_permuted: true,
+        expert_weights_norm: true,
         ..BASE
     },
     Family {
@@ -113,6 +119,8 @@ pub const FAMILIES: &[Family] = &[
         qk_norm: true,
         ..BASE
     },
+    Family { arch: "qwen2moe", gguf_arch: "qwen2moe", ..BASE },
+    Family { arch: "qwen3moe", gguf_arch: "qwen3moe", qk_norm: true, expert_weights_norm: true, ..BASE },
     Family {
         arch: "smollm3",
         gguf_arch: "smollm3",

@@ -29,20 +29,22 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_down", "ffn_down"),
     ("post_attention_norm", "attn_post_norm"),
     ("post_ffw_norm", "ffn_post_norm"),
+    ("ffn_gate_inp", "ffn_gate_inp"),
+    ("ffn_gate_exps", "ffn_gate_exps"),
+    ("ffn_up_exps", "ffn_up_exps"),
+    ("ffn_down_exps", "ffn_down_exps"),
+    ("ffn_gate_shexp", "ffn_gate_shexp"),
+    ("ffn_up_shexp", "ffn_up_shexp"),
+    ("ffn_down_shexp", "ffn_down_shexp"),
+    ("ffn_gate_inp_shexp", "ffn_gate_inp_shexp"),
 ];
 
-/// Tensors every layer has, and the ones Gemma layers add.
-const REQUIRED: &[&str] = &[
-    "attn_norm.weight",
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "ffn_norm.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-];
+/// Tensors every layer has, then those of its feed-forward block (dense,
+/// or experts: a layer with a router), and the ones Gemma layers add.
+const REQUIRED: &[&str] =
+    &["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"];
+const REQUIRED_DENSE: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
+const REQUIRED_EXPERTS: &[&str] = &["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"];
 const REQUIRED_GEMMA: &[&str] = &["post_attention_norm.weight", "post_ffw_norm.weight"];
 
 /// The `.mlb` model of a GGUF file, converted by `opts`' rules.
@@ -78,13 +80,25 @@ fn source(g: &Gguf) -> Result<(Metadata, Vec<SourceTensor<'_>>), String> {
             name,
             source_name: t.name.clone(),
             ty: t.ty,
-            dims: t.dims.clone(),
+            dims: stacked_matrix(&t.dims),
             bytes: g.tensor_bytes(t),
             in_place: Some(t.start),
         })
         .collect();
     check_shapes(&meta, &plan)?;
     Ok((meta, plan))
+}
+
+/// A tensor of matrices stacked along its outer dimensions (the experts'
+/// [cols, rows, experts], ggml order) as the one matrix of all their rows,
+/// as `.mlb` stores it; other shapes as they are.
+fn stacked_matrix(dims: &[u64]) -> Vec<u64> {
+    match dims {
+        [cols, rows, outer @ ..] if !outer.is_empty() => {
+            vec![*cols, outer.iter().try_fold(*rows, |a, &b| a.checked_mul(b)).unwrap_or(u64::MAX)]
+        }
+        _ => dims.to_vec(),
+    }
 }
 
 /// The hyperparameters the tensor table needs.
@@ -182,6 +196,7 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         }
     }
     meta.extend(family.traits(d, true).into_iter().map(|(k, v)| (k.to_string(), v)));
+    meta.extend(experts_metadata(g, ga, family, f)?);
 
     // layer kinds: the file's own pattern if it has one, else the family's
     let n_layers = usize::try_from(l).map_err(|_| format!("{} {l} is too large", key("block_count")))?;
@@ -225,6 +240,52 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
     meta.push(("tie_embeddings".into(), MetaValue::Int(tied as i64)));
     let heads = Heads { family, n_layers };
     Ok((meta, heads))
+}
+
+/// The Mixture-of-Experts metadata of a GGUF file with `expert_count` > 0
+/// (`f`: its dense feed-forward width), none without.
+fn experts_metadata(g: &Gguf, ga: &str, family: &Family, f: u64) -> Result<Metadata, String> {
+    let get = |k: &str| g.get(&format!("{ga}.{k}"));
+    let int = |k: &str, default: Option<u64>| -> Result<u64, String> {
+        match get(k) {
+            Some(v) => v
+                .as_i64()
+                .and_then(|i| u64::try_from(i).ok())
+                .ok_or_else(|| format!("{ga}.{k} should be a count, not {v:?}")),
+            None => default.ok_or_else(|| format!("GGUF lacks {ga}.{k}")),
+        }
+    };
+    let n = int("expert_count", Some(0))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
+    let mut m: Metadata = vec![
+        ("n_experts".into(), count(n)),
+        ("n_experts_used".into(), count(int("expert_used_count", None)?)),
+        ("expert_ffn_dim".into(), count(int("expert_feed_forward_length", Some(f))?)),
+    ];
+    if get("expert_shared_feed_forward_length").is_some() {
+        m.push(("shared_expert_ffn_dim".into(), count(int("expert_shared_feed_forward_length", None)?)));
+    }
+    // llama.cpp's gating function (1 softmax, 3 softmax of the chosen) and normalisation
+    match get("expert_gating_func").map(|v| v.as_i64()) {
+        None | Some(Some(1)) => {}
+        Some(Some(3)) => m.push(("expert_gating".into(), MetaValue::Str("softmax_selected".into()))),
+        Some(v) => return Err(format!("unsupported expert_gating_func {v:?} (Krafla has softmax, 1, and 3)")),
+    }
+    let norm = match get("expert_weights_norm") {
+        Some(v) => v.as_bool().ok_or_else(|| format!("expert_weights_norm should be a boolean, not {v:?}"))?,
+        None => family.expert_weights_norm,
+    };
+    m.push(("expert_weights_norm".into(), MetaValue::Int(norm as i64)));
+    if let Some(v) = get("expert_weights_scale") {
+        let scale = v.as_f64().ok_or_else(|| format!("expert_weights_scale should be a number, not {v:?}"))?;
+        if scale != 0.0 && scale != 1.0 {
+            return Err(format!("expert_weights_scale {scale} is not supported yet"));
+        }
+    }
+    Ok(m)
 }
 
 /// Refuses a layer count above what a model may have (the model config's
@@ -272,9 +333,11 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor
             layer.push((suffix, t));
         }
     }
-    let required = REQUIRED.iter().chain(if heads.family.gemma { REQUIRED_GEMMA } else { &[] });
+    let gemma = if heads.family.gemma { REQUIRED_GEMMA } else { &[] };
     for (i, mut names) in by_layer.into_iter().enumerate() {
-        for rq in required.clone() {
+        let experts = names.iter().any(|(n, _)| *n == "ffn_gate_inp.weight");
+        let ffn = if experts { REQUIRED_EXPERTS } else { REQUIRED_DENSE };
+        for rq in REQUIRED.iter().chain(ffn).chain(gemma) {
             if !names.iter().any(|(n, _)| n == rq) {
                 return Err(format!("missing tensor blk.{i}.{rq}"));
             }

@@ -55,6 +55,37 @@ impl<'a> MatRef<'a> {
         !matches!(self.data, WeightData::F32(_) | WeightData::F16(_))
     }
 
+    /// Rows r0 .. r0 + n as a matrix of their own (one expert of the
+    /// experts' matrices stacked in one tensor): the same bytes, its plain
+    /// rows and, when r0 and n are whole groups, its eight-row groups.
+    pub fn rows(&self, r0: usize, n: usize) -> MatRef<'a> {
+        fn part<T>(v: &[T], per_row: usize, r0: usize, n: usize) -> &[T] {
+            &v[(r0 * per_row).min(v.len())..((r0 + n) * per_row).min(v.len())]
+        }
+        let (c, b, k) = (self.cols, self.cols / QK, self.cols / QK_K);
+        let data = match self.data {
+            WeightData::F32(w) => WeightData::F32(part(w, c, r0, n)),
+            WeightData::F16(w) => WeightData::F16(part(w, c, r0, n)),
+            WeightData::Q8_0(w) => WeightData::Q8_0(part(w, b, r0, n)),
+            WeightData::Q4_0(w) => WeightData::Q4_0(part(w, b, r0, n)),
+            WeightData::Q8_0F32(w) => WeightData::Q8_0F32(part(w, b, r0, n)),
+            WeightData::Q4_0F32(w) => WeightData::Q4_0F32(part(w, b, r0, n)),
+            WeightData::Q4K(w) => WeightData::Q4K(part(w, k, r0, n)),
+            WeightData::Q5K(w) => WeightData::Q5K(part(w, k, r0, n)),
+            WeightData::Q6K(w) => WeightData::Q6K(part(w, k, r0, n)),
+        };
+        let whole = r0.is_multiple_of(ROWS8) && n.is_multiple_of(ROWS8);
+        let (g0, gn) = (r0 / ROWS8, n / ROWS8);
+        let packed = match self.packed {
+            Packed::Q8(p) if whole => Packed::Q8(part(p, b, g0, gn)),
+            Packed::Q4(p) if whole => Packed::Q4(part(p, b, g0, gn)),
+            Packed::Q4K(p) if whole => Packed::Q4K(part(p, k, g0, gn)),
+            Packed::Q6K(p) if whole => Packed::Q6K(part(p, k, g0, gn)),
+            _ => Packed::None,
+        };
+        MatRef { rows: n, cols: self.cols, data, packed }
+    }
+
     /// Dot product of row `r` with one input row.
     #[inline]
     fn row_dot(&self, r: usize, x: &[f32], xq: ActRef) -> f32 {
@@ -262,46 +293,82 @@ pub fn matmul(w: &MatRef, input: &Input, out: &mut [f32]) {
     matmul_group(&mut [(w, out)], input);
 }
 
-/// Several matmuls sharing one input (q/k/v, gate/up).
-///
-/// A short batch (one token, or the few tokens of a batched decode step)
-/// runs in one parallel region: the rows of all matrices are cut into a few
-/// contiguous chunks per thread (multiples of eight rows, so repacked groups
-/// stay whole), and each task streams its rows once for all the tokens. A
-/// long batch (a prompt) is cut into runs of tokens, each task walking all
-/// row tiles for its run, one matrix after another. Either way every output
-/// element is one dot as in `matmul`.
+/// Several matmuls sharing one input (q/k/v, gate/up): `matmul_each`
+/// with the same input for every matrix.
 pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
-    let n_tok = input.n_tokens();
-    for (w, out) in items.iter() {
-        assert_eq!(input.cols, w.cols, "matmul: input width does not match the weight matrix");
-        assert_eq!(out.len(), n_tok * w.rows);
+    let mut each: Vec<(&MatRef, &Input, &mut [f32])> = items.iter_mut().map(|(w, o)| (*w, input, &mut **o)).collect();
+    matmul_each(&mut each);
+}
+
+/// The input rows of one matmul as the kernels take them, token by token.
+#[derive(Clone, Copy)]
+struct Tokens<'a> {
+    x: &'a [f32],
+    /// Empty when no matrix that reads this input is quantised.
+    xq: ActRef<'a>,
+    cols: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn n(&self) -> usize {
+        self.x.len() / self.cols
     }
-    let any_quantized = items.iter().any(|(w, _)| w.is_quantized());
-    let empty = ActQ8::default();
-    let xq = if any_quantized { input.q8() } else { empty.as_ref() };
-    let cols = input.cols;
-    let bpr = cols / QK; // activation blocks per token
-    let one_token = |t: usize| -> (&[f32], ActRef) {
-        let x = &input.x[t * cols..(t + 1) * cols];
-        let q = if xq.is_empty() { xq } else { xq.range(t * bpr, (t + 1) * bpr) };
+    /// Token t's row and its Q8 blocks.
+    fn get(&self, t: usize) -> (&'a [f32], ActRef<'a>) {
+        let x = &self.x[t * self.cols..(t + 1) * self.cols];
+        let bpr = self.cols / QK;
+        let q = if self.xq.is_empty() { self.xq } else { self.xq.range(t * bpr, (t + 1) * bpr) };
         (x, q)
-    };
+    }
+}
+
+/// Several matmuls, each with its own input (the experts of a
+/// Mixture-of-Experts layer, each over the tokens routed to it; or, through
+/// `matmul_group`, one input shared).
+///
+/// The matrices with a short batch (one token, or the few tokens of a
+/// decode step or of an expert's share) run in one parallel region: their
+/// rows are cut into a few contiguous chunks per thread (multiples of eight
+/// rows, so repacked groups stay whole), and each task streams its rows
+/// once for all its tokens. A matrix with a long batch (a prompt) is cut
+/// into runs of tokens, each task walking all row tiles for its run. Either
+/// way every output element is one dot as in `matmul`.
+pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
+    for (w, input, out) in items.iter() {
+        assert_eq!(input.cols, w.cols, "matmul: input width does not match the weight matrix");
+        assert_eq!(out.len(), input.n_tokens() * w.rows);
+    }
+    // each input quantised once, by the first quantised matrix that reads it
+    let empty = ActQ8::default();
+    let tokens: Vec<Tokens> = items
+        .iter()
+        .map(|(w, input, _)| {
+            let xq = if w.is_quantized() { input.q8() } else { empty.as_ref() };
+            Tokens { x: input.x, xq, cols: input.cols }
+        })
+        .collect();
     let threads = rayon::current_num_threads();
     // Tokens per task when a batch is split by tokens: a multiple of 4, about
     // four tasks per thread, at most 64 (their activations stay in L2).
-    let token_chunk = n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
-    if n_tok.div_ceil(token_chunk) < 2 * threads {
-        short_batch(items, n_tok, &one_token);
-        return;
-    }
-    for (w, out) in items.iter_mut() {
+    let token_chunk = |n_tok: usize| n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
+    let is_long = |n_tok: usize| n_tok.div_ceil(token_chunk(n_tok)) >= 2 * threads;
+    let mut short: Vec<(&MatRef, Tokens, &mut [f32])> = Vec::new();
+    for ((w, _, out), tok) in items.iter_mut().zip(&tokens) {
+        let n_tok = tok.n();
+        if n_tok == 0 {
+            continue;
+        }
+        if !is_long(n_tok) {
+            short.push((*w, *tok, &mut **out));
+            continue;
+        }
         // Long batch: each task takes a run of tokens and walks all rows in
         // tiles, each tile's weights reused by the run's tokens while in
         // cache; it writes its own [tokens][rows] part of `out`.
-        let rows = w.rows;
-        out.par_chunks_mut(token_chunk * rows).enumerate().for_each(|(chunk, o)| {
-            let t0 = chunk * token_chunk;
+        let (rows, chunk_tokens) = (w.rows, token_chunk(n_tok));
+        let one_token = |t: usize| tok.get(t);
+        out.par_chunks_mut(chunk_tokens * rows).enumerate().for_each(|(chunk, o)| {
+            let t0 = chunk * chunk_tokens;
             let n = o.len() / rows;
             for r0 in (0..rows).step_by(ROW_TILE) {
                 let tile_rows = ROW_TILE.min(rows - r0);
@@ -313,53 +380,55 @@ pub fn matmul_group(items: &mut [(&MatRef, &mut [f32])], input: &Input) {
             }
         });
     }
+    if !short.is_empty() {
+        short_batch(&mut short);
+    }
 }
 
-/// `matmul_group` for a few tokens: contiguous row chunks of every matrix,
-/// all in one parallel region. One token writes straight into `out`; more
-/// go through a [tokens][chunk rows] buffer per task, copied out after.
-fn short_batch<'a>(
-    items: &mut [(&MatRef, &mut [f32])],
-    n_tok: usize,
-    one_token: &(impl Fn(usize) -> (&'a [f32], ActRef<'a>) + Sync),
-) {
-    let total_rows: usize = items.iter().map(|(w, _)| w.rows).sum();
+/// `matmul_each` for matrices with a few tokens each: contiguous row chunks
+/// of every matrix, all in one parallel region. When every matrix has one
+/// token, tasks write straight into `out`; else each goes through a
+/// [tokens][chunk rows] buffer, copied out after.
+fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
+    let total_rows: usize = items.iter().map(|(w, _, _)| w.rows).sum();
     // a multiple of 8, so that repacked groups are never split
     let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
-    if n_tok == 1 {
-        let mut tasks: Vec<(&MatRef, usize, &mut [f32])> = Vec::new();
-        for (w, out) in items.iter_mut() {
+    if items.iter().all(|(_, tok, _)| tok.n() == 1) {
+        let mut tasks: Vec<(&MatRef, Tokens, usize, &mut [f32])> = Vec::new();
+        for (w, tok, out) in items.iter_mut() {
             for (i, o) in out.chunks_mut(chunk).enumerate() {
-                tasks.push((*w, i * chunk, o));
+                tasks.push((*w, *tok, i * chunk, o));
             }
         }
-        tasks.into_par_iter().for_each(|(w, r0, o)| {
+        tasks.into_par_iter().for_each(|(w, tok, r0, o)| {
             let len = o.len();
-            tile_dots(w, r0, len, 0, 1, one_token, |i, _, v| o[i] = v);
+            tile_dots(w, r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v);
         });
         return;
     }
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new(); // (item, first row, rows)
-    for (k, (w, _)) in items.iter().enumerate() {
+    for (k, (w, _, _)) in items.iter().enumerate() {
         for r0 in (0..w.rows).step_by(chunk) {
             tasks.push((k, r0, chunk.min(w.rows - r0)));
         }
     }
-    let mats: Vec<&MatRef> = items.iter().map(|(w, _)| *w).collect();
+    let mats: Vec<(&MatRef, Tokens)> = items.iter().map(|(w, tok, _)| (*w, *tok)).collect();
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(k, r0, len)| {
             // Tiles of rows, each tile's weights read once from memory for all the tokens.
+            let (w, tok) = mats[k];
+            let n_tok = tok.n();
             let mut buf = vec![0.0f32; n_tok * len];
             for r in (0..len).step_by(ROW_TILE) {
                 let tile = ROW_TILE.min(len - r);
-                tile_dots(mats[k], r0 + r, tile, 0, n_tok, one_token, |i, t, v| buf[t * len + r + i] = v);
+                tile_dots(w, r0 + r, tile, 0, n_tok, &|t| tok.get(t), |i, t, v| buf[t * len + r + i] = v);
             }
             buf
         })
         .collect();
     for (&(k, r0, len), buf) in tasks.iter().zip(&results) {
-        let (w, out) = &mut items[k];
+        let (w, _, out) = &mut items[k];
         for (t, part) in buf.chunks_exact(len).enumerate() {
             out[t * w.rows + r0..][..len].copy_from_slice(part);
         }

@@ -30,7 +30,7 @@ pub mod arm;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 
-pub use matmul::{matmul, matmul_group, Input, MatRef, Packed, WeightData};
+pub use matmul::{matmul, matmul_each, matmul_group, Input, MatRef, Packed, WeightData};
 pub use portable::Portable;
 pub use set::Kernels;
 

@@ -62,6 +62,35 @@ pub struct Config {
     pub attn_output_gate: bool,
     /// Gated DeltaNet dimensions (zero when the model has no such layers).
     pub deltanet: DeltaNetDims,
+    /// Mixture-of-Experts routing (no experts: every layer dense).
+    pub moe: MoeConfig,
+}
+
+/// How a Mixture-of-Experts layer weighs its experts for a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ExpertGating {
+    /// Softmax over every expert's router logit, then the top k
+    /// probabilities (Qwen-MoE, Mixtral).
+    #[default]
+    Softmax,
+    /// The top k router logits, then a softmax over those k (gpt-oss).
+    SoftmaxSelected,
+}
+
+/// Mixture-of-Experts hyperparameters: a layer with a router
+/// (`ffn_gate_inp`) sends each token to `n_used` of its `n_experts`
+/// feed-forward blocks and sums their outputs by the router's weights.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Rows of each expert's gate and up matrices.
+    pub expert_ffn_dim: usize,
+    /// Rows of the shared expert's gate and up matrices (0: none).
+    pub shared_ffn_dim: usize,
+    pub gating: ExpertGating,
+    /// The k weights divided by their sum.
+    pub norm_weights: bool,
 }
 
 /// Shapes of a Gated DeltaNet layer.
@@ -96,6 +125,8 @@ const LIMIT_HEADS: i64 = 4096;
 
 const LIMIT_CONTEXT: i64 = 1 << 24;
 
+const LIMIT_EXPERTS: i64 = 4096;
+
 impl Config {
     pub fn from_mlb(f: &Mlb) -> Result<Config, String> {
         let p = &f.path;
@@ -127,8 +158,10 @@ impl Config {
         let positive = |v: f64| v > 0.0;
 
         let arch_name = f.require_str("arch")?.to_string();
-        const KNOWN: [&str; 9] =
-            ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c"];
+        const KNOWN: [&str; 11] = [
+            "llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c", "qwen2moe",
+            "qwen3moe",
+        ];
         if !KNOWN.contains(&arch_name.as_str()) {
             return Err(format!("{p}: unknown architecture '{arch_name}'"));
         }
@@ -249,6 +282,33 @@ impl Config {
                 return Err(format!("{p}: linear_n_v_heads is not a multiple of linear_n_k_heads"));
             }
         }
+        let n_experts = opt_int("n_experts", 0)?;
+        if !(0..=LIMIT_EXPERTS).contains(&n_experts) {
+            return Err(format!("{p}: metadata 'n_experts' = {n_experts} is outside 0..={LIMIT_EXPERTS}"));
+        }
+        let mut moe = MoeConfig::default();
+        if n_experts > 0 {
+            moe = MoeConfig {
+                n_experts: n_experts as usize,
+                n_used: int("n_experts_used", 1, n_experts)?,
+                expert_ffn_dim: match opt_int("expert_ffn_dim", ffn_dim as i64)? {
+                    v @ 1..=LIMIT_WIDTH => v as usize,
+                    v => return Err(format!("{p}: metadata 'expert_ffn_dim' = {v} is outside 1..={LIMIT_WIDTH}")),
+                },
+                shared_ffn_dim: match opt_int("shared_expert_ffn_dim", 0)? {
+                    v @ 0..=LIMIT_WIDTH => v as usize,
+                    v => {
+                        return Err(format!("{p}: metadata 'shared_expert_ffn_dim' = {v} is outside 0..={LIMIT_WIDTH}"))
+                    }
+                },
+                gating: match f.get_str("expert_gating")?.unwrap_or("softmax") {
+                    "softmax" => ExpertGating::Softmax,
+                    "softmax_selected" => ExpertGating::SoftmaxSelected,
+                    other => return Err(format!("{p}: unknown expert_gating '{other}'")),
+                },
+                norm_weights: flag("expert_weights_norm")?,
+            };
+        }
         let query_scale = float_in("query_scale", 1.0 / (head_dim as f64).sqrt(), positive, "a positive number")?;
         let non_negative = |v: f64| v >= 0.0;
         let softcap_rule = "0 (off) or a positive number";
@@ -281,6 +341,7 @@ impl Config {
             qk_norm: flag("qk_norm")?,
             attn_output_gate: flag("attn_output_gate")?,
             deltanet,
+            moe,
         })
     }
 

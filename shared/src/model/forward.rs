@@ -1,18 +1,17 @@
 //! The forward pass, top to bottom: token embeddings, then per layer the
 //! token mixer (attention or Gated DeltaNet, attention.rs / deltanet.rs)
-//! and the feed-forward block, each behind an RMSNorm and added to the
+//! and the feed-forward block (dense or Mixture of Experts, ffn.rs), each behind an RMSNorm and added to the
 //! residual stream, then the output norm and head. One pass serves every
 //! family; the configuration turns its parts on and off.
 
 use rayon::prelude::*;
 
-use super::config::Activation;
 use super::rope::RopeTables;
 use super::state::State;
 use super::token_check::check_tokens;
 use super::weights::Mixer;
 use super::{LogitsFor, Model};
-use crate::kernels::{matmul, matmul_group, Arch, Input, Kernels};
+use crate::kernels::{matmul, Arch, Input, Kernels};
 
 /// One sequence's share of a batched forward call: its state, its new
 /// tokens (positions `state.pos ..`), and which of their logits it wants.
@@ -71,8 +70,6 @@ impl Model {
         let rope_tables = RopeTables::new(c, &positions);
         let mut xn = vec![0.0f32; n_tok * d];
         let mut proj = vec![0.0f32; n_tok * d];
-        let mut gate = vec![0.0f32; n_tok * c.ffn_dim];
-        let mut up = vec![0.0f32; n_tok * c.ffn_dim];
 
         for (l, layer) in self.layers.iter().enumerate() {
             // ---- token mixing: attention or Gated DeltaNet ----
@@ -87,21 +84,9 @@ impl Model {
             }
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
 
-            // ---- feed-forward ----
+            // ---- feed-forward: dense, or a Mixture of Experts (ffn.rs) ----
             rmsnorm_rows(&x, &layer.ffn_norm, c.norm_eps, &mut xn, d);
-            let input = Input::new(&xn, d);
-            self.record(l, &["ffn_gate", "ffn_up"], &xn, d);
-            let (wg, wu) = (self.mat(&layer.ffn_gate), self.mat(&layer.ffn_up));
-            matmul_group(&mut [(&wg, &mut gate[..]), (&wu, &mut up[..])], &input);
-            gate.par_chunks_mut(c.ffn_dim).zip(up.par_chunks(c.ffn_dim)).with_min_len(8).for_each(|(g, u)| {
-                match c.activation {
-                    Activation::Silu => Arch::silu_mul(g, u),
-                    Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
-                }
-            });
-            self.record(l, &["ffn_down"], &gate, c.ffn_dim);
-            matmul(&self.mat(&layer.ffn_down), &Input::new(&gate, c.ffn_dim), &mut proj);
-            carry_non_finite(&gate, c.ffn_dim, &mut proj, d);
+            self.ffn_block(l, &layer.ffn, &xn, &mut proj);
             if let Some(w) = &layer.ffn_post_norm {
                 let tmp = proj.clone();
                 rmsnorm_rows(&tmp, w, c.norm_eps, &mut proj, d);

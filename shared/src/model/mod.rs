@@ -10,7 +10,8 @@
 //!
 //! Files: `config` (hyperparameters), `weights` (loading and the matrices),
 //! `state` and `kvcache` (what a sequence keeps), `forward` (the pass, top
-//! to bottom), `attention`, `rope`, `deltanet` (the token mixers).
+//! to bottom), `attention`, `rope`, `deltanet` (the token mixers), `ffn`
+//! (the feed-forward block: dense or Mixture of Experts).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -18,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 mod attention;
 mod config;
 mod deltanet;
+mod ffn;
 mod forward;
 mod input_stats;
 mod kvcache;
@@ -26,7 +28,7 @@ mod state;
 mod token_check;
 mod weights;
 
-pub use config::{Activation, Config, DeltaNetDims, LayerKind, RopeStyle, LIMIT_LAYERS};
+pub use config::{Activation, Config, DeltaNetDims, ExpertGating, LayerKind, MoeConfig, RopeStyle, LIMIT_LAYERS};
 pub use forward::Segment;
 pub use input_stats::InputStats;
 pub use kvcache::KvType;
@@ -71,11 +73,13 @@ impl Model {
     }
 
     /// Bytes of weights one decoded token reads: every matrix of every
-    /// layer and the output head (the embedding contributes one row).
+    /// layer (of a Mixture-of-Experts layer, its router, its shared expert
+    /// and `n_used` of its experts) and the output head (the embedding
+    /// contributes one row).
     pub fn decode_bytes_per_token(&self) -> u64 {
         let mut total = self.output.len as u64 + (self.token_embd.len / self.token_embd.rows) as u64;
         for layer in &self.layers {
-            total += layer.matrices().iter().map(|m| m.len as u64).sum::<u64>();
+            total += layer.matrices_per_token().iter().map(|(m, share)| (m.len as f64 * share) as u64).sum::<u64>();
         }
         total
     }
@@ -84,7 +88,12 @@ impl Model {
     /// layers, Σ rows·cols; the output head's rows·cols, once per token
     /// whose logits are computed). Attention's are not counted.
     pub fn matmul_macs(&self) -> (u64, u64) {
-        let layers = self.layers.iter().flat_map(|l| l.matrices()).map(|m| (m.rows * m.cols) as u64).sum();
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices_per_token())
+            .map(|(m, share)| ((m.rows * m.cols) as f64 * share) as u64)
+            .sum();
         (layers, (self.output.rows * self.output.cols) as u64)
     }
 

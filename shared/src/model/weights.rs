@@ -142,22 +142,67 @@ pub(super) struct Layer {
     pub(super) mixer: Mixer,
     pub(super) attn_post_norm: Option<Vec<f32>>, // [D]
     pub(super) ffn_norm: Vec<f32>,               // [D]
-    pub(super) ffn_gate: Matrix,                 // [F, D]
-    pub(super) ffn_up: Matrix,                   // [F, D]
-    pub(super) ffn_down: Matrix,                 // [D, F]
-    pub(super) ffn_post_norm: Option<Vec<f32>>,  // [D]
+    pub(super) ffn: Ffn,
+    pub(super) ffn_post_norm: Option<Vec<f32>>, // [D]
 }
 
 impl Layer {
     /// The layer's weight matrices: the mixer's, then the feed-forward's.
     pub(super) fn matrices(&self) -> Vec<&Matrix> {
-        let mut mats = match &self.mixer {
+        self.matrices_per_token().into_iter().map(|(m, _)| m).collect()
+    }
+
+    /// Each weight matrix with the share of its rows one token reads:
+    /// all of them, but the experts' `n_used / n_experts`.
+    pub(super) fn matrices_per_token(&self) -> Vec<(&Matrix, f64)> {
+        let mut mats: Vec<(&Matrix, f64)> = match &self.mixer {
             Mixer::Attention(w) => vec![&w.q, &w.k, &w.v, &w.o],
             Mixer::DeltaNet(w) => vec![&w.qkv, &w.z, &w.b, &w.a, &w.out],
-        };
-        mats.extend([&self.ffn_gate, &self.ffn_up, &self.ffn_down]);
+        }
+        .into_iter()
+        .map(|m| (m, 1.0))
+        .collect();
+        match &self.ffn {
+            Ffn::Dense(f) => mats.extend([(&f.gate, 1.0), (&f.up, 1.0), (&f.down, 1.0)]),
+            Ffn::Experts(x) => {
+                let share = x.n_used as f64 / x.n_experts as f64;
+                mats.extend([(&x.router, 1.0), (&x.gate, share), (&x.up, share), (&x.down, share)]);
+                if let Some(f) = &x.shared {
+                    mats.extend([(&f.gate, 1.0), (&f.up, 1.0), (&f.down, 1.0)]);
+                }
+            }
+        }
         mats
     }
+}
+
+/// The feed-forward half of a block.
+pub(super) enum Ffn {
+    Dense(DenseFfn),
+    Experts(ExpertsFfn),
+}
+
+/// A gated feed-forward block: down(act(gate·x) ⊙ up·x).
+pub(super) struct DenseFfn {
+    pub(super) gate: Matrix, // [F, D]
+    pub(super) up: Matrix,   // [F, D]
+    pub(super) down: Matrix, // [D, F]
+}
+
+/// A Mixture-of-Experts feed-forward block: the router's top experts
+/// for each token, each a `DenseFfn` whose matrices are stacked in one
+/// tensor (expert e's rows are e·rows .. (e + 1)·rows, as GGUF stores
+/// them), plus, in some families, a shared expert every token goes through.
+pub(super) struct ExpertsFfn {
+    pub(super) n_experts: usize,
+    pub(super) n_used: usize,
+    pub(super) router: Matrix,                // [E, D]
+    pub(super) router_bias: Option<Vec<f32>>, // [E]
+    pub(super) gate: Matrix,                  // [E·Fe, D]
+    pub(super) up: Matrix,                    // [E·Fe, D]
+    pub(super) down: Matrix,                  // [E·D, Fe]
+    pub(super) shared: Option<DenseFfn>,      // [Fs, D], [Fs, D], [D, Fs]
+    pub(super) shared_gate: Option<Vec<f32>>, // [D]: sigmoid(g·x) scales the shared expert's output
 }
 
 /// The token-mixing half of a block.
@@ -254,14 +299,47 @@ impl Model {
                     })
                 }
             };
+            let dense = |prefix: &str, rows: usize| -> Result<DenseFfn, String> {
+                Ok(DenseFfn {
+                    gate: loader.matrix(&name(&format!("ffn_gate{prefix}")), rows, d)?,
+                    up: loader.matrix(&name(&format!("ffn_up{prefix}")), rows, d)?,
+                    down: loader.matrix(&name(&format!("ffn_down{prefix}")), d, rows)?,
+                })
+            };
+            let ffn = if file.tensor(&name("ffn_gate_inp")).is_some() {
+                let moe = &c.moe;
+                if moe.n_experts == 0 {
+                    return Err(format!("{}: layer {i} has a router (ffn_gate_inp) but n_experts is 0", file.path));
+                }
+                let (e, fe) = (moe.n_experts, moe.expert_ffn_dim);
+                let shared = (moe.shared_ffn_dim > 0).then(|| dense("_shexp", moe.shared_ffn_dim)).transpose()?;
+                let shared_gate = match file.tensor(&name("ffn_gate_inp_shexp")) {
+                    Some(_) if shared.is_none() => {
+                        return Err(format!("{}: layer {i} gates a shared expert it does not have", file.path))
+                    }
+                    Some(_) => Some(loader.table(&name("ffn_gate_inp_shexp"), 1, d)?),
+                    None => None,
+                };
+                Ffn::Experts(ExpertsFfn {
+                    n_experts: e,
+                    n_used: moe.n_used,
+                    router: loader.matrix(&name("ffn_gate_inp"), e, d)?,
+                    router_bias: opt_vec("ffn_gate_inp_bias", e, false)?,
+                    gate: loader.experts(&name("ffn_gate_exps"), e, fe, d)?,
+                    up: loader.experts(&name("ffn_up_exps"), e, fe, d)?,
+                    down: loader.experts(&name("ffn_down_exps"), e, d, fe)?,
+                    shared,
+                    shared_gate,
+                })
+            } else {
+                Ffn::Dense(dense("", f)?)
+            };
             layers.push(Layer {
                 attn_norm: need_vec("attn_norm", d, c.norm_unit_offset)?,
                 mixer,
                 attn_post_norm: sandwich("attn_post_norm")?,
                 ffn_norm: need_vec("ffn_norm", d, c.norm_unit_offset)?,
-                ffn_gate: loader.matrix(&name("ffn_gate"), f, d)?,
-                ffn_up: loader.matrix(&name("ffn_up"), f, d)?,
-                ffn_down: loader.matrix(&name("ffn_down"), d, f)?,
+                ffn,
                 ffn_post_norm: sandwich("ffn_post_norm")?,
             });
         }
@@ -454,6 +532,24 @@ impl Loader<'_> {
             }));
         }
         Ok(m)
+    }
+
+    /// The matrices of `n` experts, [rows, cols] each, stacked in one
+    /// tensor [n·rows, cols]. Each expert is read on its own
+    /// (`MatRef::rows`), so eight-row groups must not straddle two: rows
+    /// not a multiple of eight are read as plain rows.
+    fn experts(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Matrix, String> {
+        let total = n.checked_mul(rows).ok_or_else(|| format!("{}: tensor '{name}' is too large", self.file.path))?;
+        if rows.is_multiple_of(ROWS8) {
+            return self.matrix(name, total, cols);
+        }
+        if self.info(name)?.layout == Layout::Rows8 {
+            return Err(format!(
+                "{}: tensor '{name}' holds experts of {rows} rows in eight-row groups, which would straddle them",
+                self.file.path
+            ));
+        }
+        Loader { file: self.file, repack: false }.matrix(name, total, cols)
     }
 
     /// A `rows8` tensor (eight-row groups, then rows % 8 plain rows): its

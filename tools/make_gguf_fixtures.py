@@ -1,0 +1,128 @@
+"""Tiny random-weight models of the families Krafla reads only from GGUF (Mixture-of-Experts
+and others), made by transformers' own classes, with transformers' own logits, and converted to
+GGUF by llama.cpp's convert_hf_to_gguf.py (the same path a user's file took).
+
+Writes tests/fixtures/gguf-tiny/<name>/model.gguf and reference.json (input ids, the f32
+logits of every position, 16 greedy tokens). Each model has a tiny byte-level BPE tokenizer
+trained here (convert_hf_to_gguf needs one; the tests feed token ids, so only its size matters),
+written with the `qwen2` pre-tokenizer name.
+
+    pip install torch transformers tokenizers    (not in tests/requirements.txt: only this tool)
+    python tools/make_gguf_fixtures.py LLAMA_CPP_DIR [NAME ...]
+
+LLAMA_CPP_DIR: vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (tools/bench_llamacpp.sh
+unpacks it into .cache/llamacpp). The committed fixtures were made with transformers 5.25.0 and
+torch 2.15.0.
+"""
+import base64
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gguf-tiny"
+VOCAB = 512
+# one of the tiny models' token streams: 24 ids drawn once, as the hf-tiny fixtures'
+INPUT_IDS = [424, 19, 335, 275, 250, 295, 476, 20, 395, 357, 28, 240, 499, 410, 155, 335, 393, 213, 217, 193,
+             314, 306, 509, 248]
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.25, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+
+
+def models():
+    """name -> (config class, model class, config keywords)."""
+    import transformers as tf
+    return {
+        # softmax over 8 experts, then the top 2, renormalised; q/k norms
+        "qwen3moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, dict(
+            COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[], rope_theta=1000000.0)),
+        # Qwen2-MoE: 6 experts, top 3 not renormalised, a shared expert behind a sigmoid gate, q/k/v biases
+        "qwen2moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, dict(
+            COMMON, num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_experts=6, num_experts_per_tok=3, norm_topk_prob=False,
+            decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1000000.0)),
+        # Mixtral: Llama blocks with 4 experts, top 2
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, dict(
+            COMMON, num_hidden_layers=2, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=None, rope_theta=1000000.0)),
+    }
+
+
+def train_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+    tok = Tokenizer(tm.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|pad|>", "<|bos|>", "<|eos|>"]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = (Path(__file__).resolve().parent.parent / "shared" / "src" / "import" / "calibration.txt").read_text()
+    tok.train_from_iterator([text], trainer)
+    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+        "pad_token": "<|pad|>", "model_max_length": 512}))
+
+
+def convert(llama_cpp, src, out):
+    """convert_hf_to_gguf.py SRC --outtype f32 --outfile OUT, in this process, its BPE
+    pre-tokenizer named qwen2 (it recognises pre-tokenizers by a hash of known vocabularies)."""
+    sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    sys.path.insert(0, str(llama_cpp))
+    import convert_hf_to_gguf
+    from conversion import base
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+    sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", "f32", "--outfile", str(out)]
+    convert_hf_to_gguf.main()
+
+
+def make(name, llama_cpp):
+    import torch
+    import transformers
+    config_class, model_class, kw = models()[name]
+    torch.manual_seed(sum(map(ord, name)))
+    config = config_class(**kw)
+    config._attn_implementation = "eager"
+    model = model_class(config).eval().float()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / name
+        model.save_pretrained(src)
+        train_tokenizer(src)
+        dest = OUT / name
+        dest.mkdir(parents=True, exist_ok=True)
+        convert(llama_cpp, src, dest / "model.gguf")
+        shutil.copy(src / "config.json", dest / "config.json")
+    ids = torch.tensor([INPUT_IDS])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float().numpy()
+        greedy = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None,
+                                pad_token_id=0)[0, len(INPUT_IDS):].tolist()
+    ref = {
+        "family": name, "model_type": config.model_type, "input_ids": INPUT_IDS,
+        "logits_shape": list(logits.shape),
+        "logits_f32_le_base64": base64.b64encode(logits.astype("<f4").tobytes()).decode(),
+        "greedy_16": greedy,
+        "made_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager "
+                   "attention; GGUF by llama.cpp 0c1e570 convert_hf_to_gguf.py --outtype f32",
+    }
+    (dest / "reference.json").write_text(json.dumps(ref))
+    print(f"{name}: {dest}, logits {np.abs(logits).max():.2f} max")
+
+
+def main():
+    llama_cpp = Path(sys.argv[1]).resolve()
+    names = sys.argv[2:] or list(models())
+    for name in names:
+        make(name, llama_cpp)
+
+
+if __name__ == "__main__":
+    main()
