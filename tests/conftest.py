@@ -26,6 +26,8 @@ import models  # noqa: E402  (needs TOOLS on sys.path)
 
 SHARED = pathlib.Path(os.environ.get("KRAFLA_SHARED", REPO.parent / "shared")).resolve()
 FIXTURES = SHARED / "fixtures"
+# tiny models of the families read from GGUF only, made by tools/make_gguf_fixtures.py (committed)
+GGUF_TINY = REPO / "tests" / "fixtures" / "gguf-tiny"
 
 
 def ml_bin() -> pathlib.Path:
@@ -309,13 +311,16 @@ def speculative_matches_plain(native, cmd, label, tiny_llama2):
 
 @pytest.fixture(scope="session")
 def families_q8(tmp_path_factory):
-    """family -> (every tiny HF fixture converted to q8_0 (.mlb), its reference prompt ids as "1,2,...")."""
+    """family -> (every tiny HF fixture and GGUF fixture converted to q8_0 (.mlb), its reference
+    prompt ids as "1,2,...")."""
     out = tmp_path_factory.mktemp("families-q8")
     families = {}
-    for src in sorted((FIXTURES / "hf-tiny").iterdir()):
+    tiny = [*sorted((FIXTURES / "hf-tiny").glob("*")), *sorted(GGUF_TINY.glob("*"))]
+    for src in tiny:
         if (src / "reference.json").exists():
             mlb = out / f"{src.name}-q8_0.mlb"
-            import_model(src, mlb, "--type", "q8_0")
+            gguf = src / "model.gguf"
+            import_model(*((gguf, mlb, "--requantize") if gguf.exists() else (src, mlb)), "--type", "q8_0")
             ids = json.loads((src / "reference.json").read_text())["input_ids"]
             families[src.name] = (mlb, ",".join(map(str, ids)))
     return families

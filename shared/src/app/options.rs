@@ -333,12 +333,16 @@ pub fn startup_line(
     let mib = |b: f64| b / 1048576.0;
     let copies = model.weight_copies();
     super::escape_line(&format!(
-        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params, loaded in {:.0} ms), ctx {ctx}, \
+        "krafla: isa {ISA}, {threads} threads, model {} ({}, {:.1} M params{}, loaded in {:.0} ms), ctx {ctx}, \
          memory: {:.1} MiB weights ({}) + {:.1} MiB repacked weights + {:.1} MiB de-interleaved weights \
          + {:.1} MiB KV cache ({})",
         path.display(),
         model.config.arch,
         model.n_params() as f64 / 1e6,
+        match model.config.moe {
+            m if m.n_experts > 0 => format!(", {} of {} experts a token", m.n_used, m.n_experts),
+            _ => String::new(),
+        },
         load_secs * 1e3,
         mib(model.file.file_len() as f64),
         match model.file.converted_bytes() {

@@ -201,11 +201,15 @@ fn route(logits: &mut [f32], gating: ExpertGating, norm: bool, chosen: &mut [(us
     }
 }
 
-/// exp(v − max) / Σ, in place, summed in index order.
+/// exp(v − max) / Σ, in place. The sum is taken largest first, so the
+/// weights do not depend on how the experts are numbered (a model whose
+/// experts are stored in another order gives the same bits).
 fn softmax(v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     v.iter_mut().for_each(|x| *x = libm::expf(*x - max));
-    let sum: f32 = v.iter().sum();
+    let mut sorted = v.to_vec();
+    sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+    let sum: f32 = sorted.iter().sum();
     v.iter_mut().for_each(|x| *x /= sum);
 }
 

@@ -1,0 +1,124 @@
+"""The families Krafla reads from GGUF files only (Mixture-of-Experts: Qwen3-MoE, Qwen2-MoE,
+Mixtral), against transformers' own logits: tiny random models built by transformers' classes
+and converted by llama.cpp's convert_hf_to_gguf.py (tools/make_gguf_fixtures.py made
+tests/fixtures/gguf-tiny/). Their cross-build byte identity is in test_arm.py / test_armv7.py
+(conftest.families_q8)."""
+import base64
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import GGUF_TINY, run_ml
+
+NAMES = sorted(p.name for p in GGUF_TINY.glob("*") if (p / "reference.json").exists())
+MOE = [n for n in NAMES if "num_experts_per_tok" in json.loads((GGUF_TINY / n / "config.json").read_text())]
+
+
+def reference(name):
+    ref = json.loads((GGUF_TINY / name / "reference.json").read_text())
+    t, v = ref["logits_shape"]
+    logits = np.frombuffer(base64.b64decode(ref["logits_f32_le_base64"]), dtype="<f4").reshape(t, v)
+    return ref["input_ids"], logits, ref["greedy_16"]
+
+
+def logits_of(model, ids, tmp_path, *extra):
+    out = tmp_path / "logits.f32"
+    run_ml(model, "--prompt-ids", ",".join(map(str, ids)), "--logits-out", out, "-n", "0", *extra)
+    return np.fromfile(out, dtype="<f4")
+
+
+def greedy_of(model, ids, n, *extra):
+    p = run_ml(model, "--prompt-ids", ",".join(map(str, ids)), "-n", n, "--print-ids", "-T", "0", *extra)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_the_fixtures_are_there():
+    assert {"qwen3moe", "qwen2moe", "mixtral"} <= set(NAMES)
+    assert {"qwen3moe", "qwen2moe", "mixtral"} <= set(MOE)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_f32_logits_and_greedy_match_transformers(name, tmp_path):
+    ids, want, greedy = reference(name)
+    model = GGUF_TINY / name / "model.gguf"
+    got = logits_of(model, ids, tmp_path).reshape(want.shape)
+    diff = np.abs(got - want).max()
+    assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e} > 1e-4"
+    assert greedy_of(model, ids, 16) == greedy
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_0"])
+def test_logits_identical_across_threads_and_batch_sizes(name, qtype, tmp_path):
+    """Each expert's share of a batch is a different number of tokens at each batch size: a
+    token's logits must not move with it."""
+    ids, _, _ = reference(name)
+    model = GGUF_TINY / name / "model.gguf"
+    conv = ["--type", qtype, "--requantize"]
+    base = logits_of(model, ids, tmp_path, *conv, "-t", "1", "--batch", "512").tobytes()
+    for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 5)]:
+        other = logits_of(model, ids, tmp_path, *conv, "-t", threads, "--batch", batch).tobytes()
+        assert other == base, f"{name} {qtype}: logits differ at -t {threads} --batch {batch}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_q8_0_argmax_agrees(name, tmp_path):
+    ids, want, _ = reference(name)
+    got = logits_of(GGUF_TINY / name / "model.gguf", ids, tmp_path, "--type", "q8_0", "--requantize")
+    agree = float(np.mean(got.reshape(want.shape).argmax(1) == want.argmax(1)))
+    assert agree >= 0.7, f"{name} q8_0: argmax agrees at {agree:.0%} of positions"
+
+
+def edited(name, dst, edit):
+    """A copy of the fixture's GGUF with `edit(tensors)` applied in place: tensors maps each name
+    to its data as a writable numpy array (rows first: an expert tensor is [experts, rows, cols])."""
+    import gguf
+    shutil.copy(GGUF_TINY / name / "model.gguf", dst)
+    reader = gguf.GGUFReader(str(dst), "r+")
+    edit({t.name: t.data for t in reader.tensors})
+    reader.data.flush()
+    return dst
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_routing_follows_the_router(name, tmp_path):
+    """Numbering the experts differently (the router's rows and the experts' matrices permuted
+    alike) changes no bit of the logits; permuting the router's rows alone (each token sent to
+    other experts) changes them. A router that picked experts by anything but its own scores,
+    or an expert read at the wrong rows, fails one or the other."""
+    ids, want, _ = reference(name)
+    base = logits_of(GGUF_TINY / name / "model.gguf", ids, tmp_path)
+    rng = np.random.default_rng(7)
+
+    def permute(also_experts):
+        def edit(tensors):
+            for tname, data in tensors.items():
+                if tname.endswith("ffn_gate_inp.weight"):
+                    n = data.shape[0]
+                    order = rng.permutation(n)
+                    while (order == np.arange(n)).any():  # every expert moves
+                        order = rng.permutation(n)
+                    layer = tname[: -len("ffn_gate_inp.weight")]
+                    data[...] = data[order].copy()
+                    if also_experts:
+                        for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+                            exps = tensors[f"{layer}{kind}.weight"]
+                            exps[...] = exps[order].copy()
+        return edit
+
+    renumbered = edited(name, tmp_path / "renumbered.gguf", permute(True))
+    assert logits_of(renumbered, ids, tmp_path).tobytes() == base.tobytes()
+    misrouted = edited(name, tmp_path / "misrouted.gguf", permute(False))
+    got = logits_of(misrouted, ids, tmp_path).reshape(want.shape)
+    assert np.abs(got - want).max() > 1e-2, "the logits did not change when the tokens went to other experts"
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_startup_line_counts_the_experts(name):
+    p = run_ml(GGUF_TINY / name / "model.gguf", "--prompt-ids", "1", "-n", "0")
+    cfg = json.loads((GGUF_TINY / name / "config.json").read_text())
+    n = cfg.get("num_experts") or cfg.get("num_local_experts")
+    k = cfg["num_experts_per_tok"]
+    assert f"{k} of {n} experts a token" in p.stderr, p.stderr
