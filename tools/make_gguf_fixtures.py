@@ -2,8 +2,11 @@
 and others), made by transformers' own classes, with transformers' own logits, and converted to
 GGUF by llama.cpp's convert_hf_to_gguf.py (the same path a user's file took).
 
-Writes tests/fixtures/gguf-tiny/<name>/model.gguf and reference.json (input ids, the f32
-logits of every position, 16 greedy tokens). Each model has a tiny byte-level BPE tokenizer
+Writes tests/fixtures/gguf-tiny/<name>/model.gguf and reference.json (input ids, the logits of
+every position, 16 greedy tokens). The reference is the model run by transformers in float64
+(eager attention, eager experts), stored rounded to f32: transformers' own f32 run is up to
+1.2e-4 away from it on the Qwen3.5-MoE fixture, as far as Krafla's f32 run is, so an f32
+reference could not tell a 1e-4 error from rounding. Each model has a tiny byte-level BPE tokenizer
 trained here (convert_hf_to_gguf needs one; the tests feed token ids, so only its size matters),
 written with the `qwen2` pre-tokenizer name.
 
@@ -33,6 +36,11 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_v
               max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.25, bos_token_id=1,
               eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
 
+QWEN35 = dict(COMMON, initializer_range=0.2, num_hidden_layers=4, head_dim=32, layer_types=["linear_attention"] * 3 + ["full_attention"],
+              linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_value_head_dim=16, rope_parameters={"partial_rotary_factor": 0.25, "rope_theta": 10000000.0,
+                                                         "rope_type": "default"})
+
 
 def models():
     """name -> (config class, model class, config keywords)."""
@@ -52,6 +60,13 @@ def models():
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, dict(
             COMMON, num_hidden_layers=2, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
             sliding_window=None, rope_theta=1000000.0)),
+        # Qwen3.5: Gated DeltaNet layers and gated full attention (as the hf-tiny qwen3_5-hybrid fixture)
+        "qwen35": (tf.Qwen3_5TextConfig, tf.Qwen3_5ForCausalLM, dict(
+            QWEN35, intermediate_size=192)),
+        # Qwen3.5-MoE: the same hybrid with 8 experts, top 2, and a gated shared expert
+        "qwen35moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM, dict(
+            QWEN35, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+            num_experts_per_tok=2)),
     }
 
 
@@ -61,7 +76,8 @@ def train_tokenizer(folder):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     special = ["<|pad|>", "<|bos|>", "<|eos|>"]
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special,
+    # (room left for the tokens some families' tokenizer classes add)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 16, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     text = (Path(__file__).resolve().parent.parent / "shared" / "src" / "import" / "calibration.txt").read_text()
     tok.train_from_iterator([text], trainer)
@@ -72,7 +88,7 @@ def train_tokenizer(folder):
         "pad_token": "<|pad|>", "model_max_length": 512}))
 
 
-def convert(llama_cpp, src, out):
+def convert(llama_cpp, src, out, *extra):
     """convert_hf_to_gguf.py SRC --outtype f32 --outfile OUT, in this process, its BPE
     pre-tokenizer named qwen2 (it recognises pre-tokenizers by a hash of known vocabularies)."""
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
@@ -80,7 +96,7 @@ def convert(llama_cpp, src, out):
     import convert_hf_to_gguf
     from conversion import base
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-    sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", "f32", "--outfile", str(out)]
+    sys.argv = ["convert_hf_to_gguf.py", str(src), "--outtype", "f32", "--outfile", str(out), *extra]
     convert_hf_to_gguf.main()
 
 
@@ -91,6 +107,7 @@ def make(name, llama_cpp):
     torch.manual_seed(sum(map(ord, name)))
     config = config_class(**kw)
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
     model = model_class(config).eval().float()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
@@ -98,9 +115,11 @@ def make(name, llama_cpp):
         train_tokenizer(src)
         dest = OUT / name
         dest.mkdir(parents=True, exist_ok=True)
-        convert(llama_cpp, src, dest / "model.gguf")
+        # (Qwen3.5's converter wants a multi-token-prediction head, which these have not)
+        convert(llama_cpp, src, dest / "model.gguf", *(["--no-mtp"] if name.startswith("qwen35") else []))
         shutil.copy(src / "config.json", dest / "config.json")
     ids = torch.tensor([INPUT_IDS])
+    model = model.double()
     with torch.no_grad():
         logits = model(ids).logits[0].float().numpy()
         greedy = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None,
@@ -110,8 +129,9 @@ def make(name, llama_cpp):
         "logits_shape": list(logits.shape),
         "logits_f32_le_base64": base64.b64encode(logits.astype("<f4").tobytes()).decode(),
         "greedy_16": greedy,
-        "made_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager "
-                   "attention; GGUF by llama.cpp 0c1e570 convert_hf_to_gguf.py --outtype f32",
+        "made_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float64 (weights "
+                   "made in float32), eager attention and experts; GGUF by llama.cpp 0c1e570 "
+                   "convert_hf_to_gguf.py --outtype f32",
     }
     (dest / "reference.json").write_text(json.dumps(ref))
     print(f"{name}: {dest}, logits {np.abs(logits).max():.2f} max")

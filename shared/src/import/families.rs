@@ -152,12 +152,24 @@ pub const FAMILIES: &[Family] = &[
     },
     Family {
         arch: "qwen3_5",
+        gguf_arch: "qwen35",
         hf_model_types: &["qwen3_5", "qwen3_5_text"],
         hf_classes: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
         qk_norm: true,
         norm_unit_offset: true,
         attn_output_gate: true,
         linear_attention: true,
+        ..BASE
+    },
+    // (from GGUF only: Krafla's Hugging Face reader does not stack experts yet)
+    Family {
+        arch: "qwen3_5_moe",
+        gguf_arch: "qwen35moe",
+        qk_norm: true,
+        norm_unit_offset: true,
+        attn_output_gate: true,
+        linear_attention: true,
+        expert_weights_norm: true,
         ..BASE
     },
     // karpathy/llama2.c checkpoints: plain Llama 2 blocks
@@ -183,7 +195,7 @@ pub fn from_gguf(arch: &str) -> Option<&'static Family> {
 
 impl Family {
     /// The fixed metadata of the family, in `.mlb` metadata order. A GGUF
-    /// file stores Gemma's norms as 1 + w already (`unit_offset_stored`).
+    /// file stores Gemma's and Qwen3.5's norms as 1 + w already (`unit_offset_stored`).
     pub fn traits(&self, hidden_size: u64, unit_offset_stored: bool) -> Vec<(&'static str, MetaValue)> {
         let mut m = Vec::new();
         if self.qk_norm {
@@ -197,7 +209,7 @@ impl Family {
             m.push(("embed_scale", MetaValue::Float((hidden_size as f64).sqrt())));
             m.push(("ffn_act", MetaValue::Str("gelu_tanh".into())));
         }
-        if self.norm_unit_offset {
+        if self.norm_unit_offset && !unit_offset_stored {
             m.push(("norm_unit_offset", MetaValue::Int(1)));
         }
         if self.attn_output_gate {
@@ -264,7 +276,8 @@ mod tests {
         assert_eq!(from_hf(None, &["Foo", "Qwen3_5ForConditionalGeneration"]).unwrap().arch, "qwen3_5");
         assert_eq!(from_hf(Some("llava_like"), &["Bar"]).map(|f| f.arch), None);
         assert_eq!(from_gguf("gemma3").unwrap().arch, "gemma3");
-        // Qwen3.5 and llama2.c have no GGUF name: an empty one matches nothing
+        assert_eq!(from_gguf("qwen35moe").unwrap().arch, "qwen3_5_moe");
+        // llama2.c has no GGUF name: an empty one matches nothing
         assert!(from_gguf("qwen3_5").is_none() && from_gguf("").is_none() && from_gguf("llama2c").is_none());
     }
 

@@ -7,7 +7,7 @@
 //! `--save` writes these tensors as an `.mlb` file.
 
 use super::convert::{self, check_shapes, conversion_metadata, convert, Metadata, SourceTensor};
-use super::families::{self, Family, FULL, SLIDING};
+use super::families::{self, Family, FULL, LINEAR, SLIDING};
 use super::{ConvertType, ImportOptions};
 use crate::fault::Fault;
 use crate::format::gguf::{GgmlType, Gguf, Tensor, Value};
@@ -39,13 +39,32 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp_shexp", "ffn_gate_inp_shexp"),
 ];
 
-/// Tensors every layer has, then those of its feed-forward block (dense,
-/// or experts: a layer with a router), and the ones Gemma layers add.
-const REQUIRED: &[&str] =
-    &["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight"];
-const REQUIRED_DENSE: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
-const REQUIRED_EXPERTS: &[&str] = &["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"];
-const REQUIRED_GEMMA: &[&str] = &["post_attention_norm.weight", "post_ffw_norm.weight"];
+/// Tensors every layer has (`.mlb` names), then those of its mixer
+/// (attention, or Gated DeltaNet: a layer with `ssm_out`), of its
+/// feed-forward block (dense, or experts: a layer with a router), and the
+/// ones Gemma layers add.
+const REQUIRED: &[&str] = &["attn_norm", "ffn_norm"];
+const REQUIRED_ATTENTION: &[&str] = &["attn_q", "attn_k", "attn_v", "attn_o"];
+const REQUIRED_LINEAR: &[&str] =
+    &["ssm_qkv", "ssm_z", "ssm_a", "ssm_b", "ssm_conv", "ssm_dt_bias", "ssm_a_neg_exp", "ssm_norm", "ssm_out"];
+const REQUIRED_DENSE: &[&str] = &["ffn_gate", "ffn_up", "ffn_down"];
+const REQUIRED_EXPERTS: &[&str] = &["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+const REQUIRED_GEMMA: &[&str] = &["attn_post_norm", "ffn_post_norm"];
+
+/// Gated DeltaNet families' GGUF names (llama.cpp's Qwen3.5) → `.mlb` names;
+/// their pre-feed-forward norm is `post_attention_norm`.
+const LINEAR_NAMES: &[(&str, &str)] = &[
+    ("attn_qkv", "ssm_qkv"),
+    ("attn_gate", "ssm_z"),
+    ("ssm_alpha", "ssm_a"),
+    ("ssm_beta", "ssm_b"),
+    ("ssm_conv1d", "ssm_conv"),
+    ("ssm_dt", "ssm_dt"),
+    ("ssm_a", "ssm_a_neg_exp"),
+    ("ssm_norm", "ssm_norm"),
+    ("ssm_out", "ssm_out"),
+    ("post_attention_norm", "ffn_norm"),
+];
 
 /// The `.mlb` model of a GGUF file, converted by `opts`' rules.
 pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, Fault> {
@@ -152,7 +171,13 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         return Err(format!("{} and {} must be positive", key("embedding_length"), key("attention.head_count")));
     }
     let hd = int("attention.key_length", Some(d / h))?;
-    let f = int("feed_forward_length", None)?;
+    // (a model whose every layer has experts may give only their width)
+    let f = match get("feed_forward_length") {
+        Some(_) => int("feed_forward_length", None)?,
+        None => {
+            int("expert_feed_forward_length", None).map_err(|_| format!("GGUF lacks {}", key("feed_forward_length")))?
+        }
+    };
     let embd = g.tensor("token_embd.weight").ok_or("missing tensor token_embd.weight")?;
     let v = match int("vocab_size", Some(0))? {
         0 => *embd.dims.last().unwrap_or(&0),
@@ -200,6 +225,9 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
 
     // layer kinds: the file's own pattern if it has one, else the family's
     let n_layers = usize::try_from(l).map_err(|_| format!("{} {l} is too large", key("block_count")))?;
+    if family.linear_attention {
+        meta.extend(linear_metadata(g, ga, n_layers)?);
+    }
     let window = match get("attention.sliding_window") {
         Some(v) => Some(int_of("attention.sliding_window", v)?),
         None => None,
@@ -240,6 +268,43 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
     meta.push(("tie_embeddings".into(), MetaValue::Int(tied as i64)));
     let heads = Heads { family, n_layers };
     Ok((meta, heads))
+}
+
+/// The Gated DeltaNet metadata of a llama.cpp Qwen3.5 file: the heads'
+/// shapes (`ssm.*`), which layers are linear (`attention.recurrent_layers`,
+/// else every `full_attention_interval`-th layer is full), and the value
+/// heads' tiled order (llama.cpp reorders them when there are more value
+/// heads than key heads).
+fn linear_metadata(g: &Gguf, ga: &str, n_layers: usize) -> Result<Metadata, String> {
+    let int = |k: &str| -> Result<u64, String> {
+        let v = g.get(&format!("{ga}.{k}")).ok_or_else(|| format!("GGUF lacks {ga}.{k}"))?;
+        v.as_i64().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| format!("{ga}.{k} should be a count, not {v:?}"))
+    };
+    let (nk, nv, dk, inner) =
+        (int("ssm.group_count")?, int("ssm.time_step_rank")?, int("ssm.state_size")?, int("ssm.inner_size")?);
+    if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) || !inner.is_multiple_of(nv) {
+        return Err(format!("{ga}.ssm: {nv} value heads of {inner} channels for {nk} key heads do not divide"));
+    }
+    let kinds: Vec<i64> = match g.get(&format!("{ga}.attention.recurrent_layers")) {
+        Some(Value::Array(a)) if a.len == n_layers => {
+            a.iter().map(|v| if v.as_bool().unwrap_or(false) { LINEAR } else { FULL }).collect()
+        }
+        Some(v) => return Err(format!("{ga}.attention.recurrent_layers should list {n_layers} layers, not {v:?}")),
+        None => {
+            let every = int("full_attention_interval")?.max(1) as usize;
+            (0..n_layers).map(|i| if (i + 1) % every == 0 { FULL } else { LINEAR }).collect()
+        }
+    };
+    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
+    Ok(vec![
+        ("linear_n_k_heads".into(), count(nk)),
+        ("linear_n_v_heads".into(), count(nv)),
+        ("linear_k_head_dim".into(), count(dk)),
+        ("linear_v_head_dim".into(), count(inner / nv)),
+        ("linear_conv_kernel".into(), count(int("ssm.conv_kernel")?)),
+        ("linear_v_tiled".into(), MetaValue::Int((nk != nv) as i64)),
+        ("layer_kinds".into(), MetaValue::IntArray(kinds)),
+    ])
 }
 
 /// The Mixture-of-Experts metadata of a GGUF file with `expert_count` > 0
@@ -333,31 +398,49 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor
             layer.push((suffix, t));
         }
     }
-    let gemma = if heads.family.gemma { REQUIRED_GEMMA } else { &[] };
+    let family = heads.family;
+    let gemma = if family.gemma { REQUIRED_GEMMA } else { &[] };
     for (i, mut names) in by_layer.into_iter().enumerate() {
-        let experts = names.iter().any(|(n, _)| *n == "ffn_gate_inp.weight");
-        let ffn = if experts { REQUIRED_EXPERTS } else { REQUIRED_DENSE };
-        for rq in REQUIRED.iter().chain(ffn).chain(gemma) {
-            if !names.iter().any(|(n, _)| n == rq) {
-                return Err(format!("missing tensor blk.{i}.{rq}"));
-            }
-        }
         names.sort_by(|a, b| a.0.cmp(b.0));
+        let mut mapped_names = Vec::with_capacity(names.len());
         for (n, t) in names {
-            let (base, kind) = n.rsplit_once('.').unwrap_or(("", n));
-            let mapped = LAYER_NAMES.iter().find(|(g, _)| *g == base).map(|(_, m)| m);
+            // (llama.cpp's Qwen3.5 `ssm_a` has no `.weight`)
+            let (base, kind) = n.rsplit_once('.').unwrap_or((n, "weight"));
+            let linear = if family.linear_attention { LINEAR_NAMES } else { &[] };
+            let mapped = linear.iter().chain(LAYER_NAMES).find(|(g, _)| *g == base).map(|(_, m)| m);
             let (Some(mapped), "weight" | "bias") = (mapped, kind) else {
-                return Err(format!("unexpected tensor blk.{i}.{n:?} for arch {}", heads.family.gguf_arch));
+                return Err(format!("unexpected tensor blk.{i}.{n:?} for arch {}", family.gguf_arch));
             };
             let bias = if kind == "bias" { "_bias" } else { "" };
-            plan.push((format!("blk.{i}.{mapped}{bias}"), t));
+            mapped_names.push((format!("{mapped}{bias}"), t));
         }
+        let has = |name: &str| mapped_names.iter().any(|(n, _)| n == name);
+        let mixer = if has("ssm_out") { REQUIRED_LINEAR } else { REQUIRED_ATTENTION };
+        let ffn = if has("ffn_gate_inp") { REQUIRED_EXPERTS } else { REQUIRED_DENSE };
+        for rq in REQUIRED.iter().chain(mixer).chain(ffn).chain(gemma) {
+            if !has(rq) {
+                return Err(format!("missing tensor blk.{i}.{}", gguf_name(family, rq)));
+            }
+        }
+        plan.extend(mapped_names.into_iter().map(|(n, t)| (format!("blk.{i}.{n}"), t)));
     }
     plan.push(("output_norm".to_string(), need("output_norm.weight")?));
     if let Some(t) = g.tensor("output.weight") {
         plan.push(("output".to_string(), t));
     }
     Ok(plan)
+}
+
+/// The GGUF name of a layer tensor's `.mlb` name in `family` (for errors).
+fn gguf_name(family: &Family, mlb: &str) -> String {
+    let linear = if family.linear_attention { LINEAR_NAMES } else { &[] };
+    let (base, suffix) = match mlb.strip_suffix("_bias") {
+        Some(base) => (base, ".bias"),
+        None if mlb == "ssm_a_neg_exp" => (mlb, ""),
+        None => (mlb, ".weight"),
+    };
+    let gguf = linear.iter().chain(LAYER_NAMES).find(|(_, m)| *m == base).map_or(base, |(g, _)| g);
+    format!("{gguf}{suffix}")
 }
 
 /// The values of llama.cpp's `rope_freqs` tensor (F32, one per rotated

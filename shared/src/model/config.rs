@@ -101,6 +101,9 @@ pub struct DeltaNetDims {
     pub k_head_dim: usize,
     pub v_head_dim: usize,
     pub conv_kernel: usize,
+    /// Value heads in llama.cpp's tiled order (head j uses key head j mod
+    /// n_k_heads), not grouped by key head (j / (n_v_heads / n_k_heads)).
+    pub v_tiled: bool,
 }
 
 impl DeltaNetDims {
@@ -158,9 +161,19 @@ impl Config {
         let positive = |v: f64| v > 0.0;
 
         let arch_name = f.require_str("arch")?.to_string();
-        const KNOWN: [&str; 11] = [
-            "llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3", "qwen3_5", "llama2c", "qwen2moe",
+        const KNOWN: [&str; 12] = [
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "smollm3",
+            "gemma2",
+            "gemma3",
+            "qwen3_5",
+            "llama2c",
+            "qwen2moe",
             "qwen3moe",
+            "qwen3_5_moe",
         ];
         if !KNOWN.contains(&arch_name.as_str()) {
             return Err(format!("{p}: unknown architecture '{arch_name}'"));
@@ -277,6 +290,7 @@ impl Config {
                 k_head_dim: int("linear_k_head_dim", 1, 4096)?,
                 v_head_dim: int("linear_v_head_dim", 1, 4096)?,
                 conv_kernel: int("linear_conv_kernel", 1, 64)?,
+                v_tiled: flag("linear_v_tiled")?,
             };
             if deltanet.n_v_heads % deltanet.n_k_heads != 0 {
                 return Err(format!("{p}: linear_n_v_heads is not a multiple of linear_n_k_heads"));

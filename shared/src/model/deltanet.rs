@@ -69,13 +69,14 @@ impl Model {
                 let core_t = &mut core[t * nv * dv..(t + 1) * nv * dv];
                 let group = nv / nk;
                 ssm.par_chunks_mut(dk * dv).zip(core_t.par_chunks_mut(dv)).enumerate().for_each(|(j, (s, o))| {
-                    let kh = j / group;
+                    // (llama.cpp's GGUF files order the value heads tiled: head j reads key head j mod nk)
+                    let kh = if dn.v_tiled { j % nk } else { j / group };
                     let scale = 1.0 / (dk as f32).sqrt();
                     let q: Vec<f32> = l2norm(&q_all[kh * dk..(kh + 1) * dk]).iter().map(|v| v * scale).collect();
                     let k = l2norm(&k_all[kh * dk..(kh + 1) * dk]);
                     let v = &v_all[j * dv..(j + 1) * dv];
                     let beta = 1.0 / (1.0 + libm::expf(-b_t[j]));
-                    let g = -libm::expf(w.a_log[j]) * softplus(a_t[j] + w.dt_bias[j]);
+                    let g = w.decay[j] * softplus(a_t[j] + w.dt_bias[j]);
                     delta_rule_step(s, &q, &k, v, libm::expf(g), beta, dk, dv, o);
                     // Gated RMSNorm: rmsnorm(o) · w · silu(z)
                     let mut normed = vec![0.0f32; dv];

@@ -229,7 +229,7 @@ pub(super) struct DeltaNetWeights {
     pub(super) b: Matrix,         // [nv, D]
     pub(super) a: Matrix,         // [nv, D]
     pub(super) conv: Vec<f32>,    // [C, K]
-    pub(super) a_log: Vec<f32>,   // [nv]
+    pub(super) decay: Vec<f32>,   // [nv]: −exp(A_log)
     pub(super) dt_bias: Vec<f32>, // [nv]
     pub(super) norm: Vec<f32>,    // [dv]
     pub(super) out: Matrix,       // [D, nv·dv]
@@ -292,7 +292,11 @@ impl Model {
                         b: loader.matrix(&name("ssm_b"), nv, d)?,
                         a: loader.matrix(&name("ssm_a"), nv, d)?,
                         conv: loader.table(&name("ssm_conv"), conv_dim, dn.conv_kernel)?,
-                        a_log: need_vec("ssm_a_log", nv, false)?,
+                        // A_log as Hugging Face stores it, or −exp(A_log) as GGUF does
+                        decay: match file.tensor(&name("ssm_a_neg_exp")) {
+                            Some(_) => need_vec("ssm_a_neg_exp", nv, false)?,
+                            None => need_vec("ssm_a_log", nv, false)?.iter().map(|&v| -libm::expf(v)).collect(),
+                        },
                         dt_bias: need_vec("ssm_dt_bias", nv, false)?,
                         norm: need_vec("ssm_norm", dn.v_head_dim, false)?,
                         out: loader.matrix(&name("ssm_out"), d, dn.value_dim())?,
