@@ -179,7 +179,7 @@ impl Layer {
 /// The feed-forward half of a block.
 pub(super) enum Ffn {
     Dense(DenseFfn),
-    Experts(ExpertsFfn),
+    Experts(Box<ExpertsFfn>),
 }
 
 /// A gated feed-forward block: down(act(gate·x) ⊙ up·x).
@@ -324,7 +324,7 @@ impl Model {
                     Some(_) => Some(loader.table(&name("ffn_gate_inp_shexp"), 1, d)?),
                     None => None,
                 };
-                Ffn::Experts(ExpertsFfn {
+                Ffn::Experts(Box::new(ExpertsFfn {
                     n_experts: e,
                     n_used: moe.n_used,
                     router: loader.matrix(&name("ffn_gate_inp"), e, d)?,
@@ -334,7 +334,7 @@ impl Model {
                     down: loader.experts(&name("ffn_down_exps"), e, d, fe)?,
                     shared,
                     shared_gate,
-                })
+                }))
             } else {
                 Ffn::Dense(dense("", f)?)
             };
