@@ -177,9 +177,10 @@ impl Layer {
 }
 
 /// The feed-forward half of a block.
+#[allow(clippy::large_enum_variant)] // (one a layer: a box would save nothing worth a pointer's chase)
 pub(super) enum Ffn {
     Dense(DenseFfn),
-    Experts(Box<ExpertsFfn>),
+    Experts(ExpertsFfn),
 }
 
 /// A gated feed-forward block: down(act(gate·x) ⊙ up·x).
@@ -324,7 +325,7 @@ impl Model {
                     Some(_) => Some(loader.table(&name("ffn_gate_inp_shexp"), 1, d)?),
                     None => None,
                 };
-                Ffn::Experts(Box::new(ExpertsFfn {
+                Ffn::Experts(ExpertsFfn {
                     n_experts: e,
                     n_used: moe.n_used,
                     router: loader.matrix(&name("ffn_gate_inp"), e, d)?,
@@ -334,7 +335,7 @@ impl Model {
                     down: loader.experts(&name("ffn_down_exps"), e, d, fe)?,
                     shared,
                     shared_gate,
-                }))
+                })
             } else {
                 Ffn::Dense(dense("", f)?)
             };
