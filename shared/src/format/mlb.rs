@@ -323,6 +323,29 @@ impl Mlb {
         }
     }
 
+    /// Tells the system this process no longer needs the mapped pages of
+    /// tensor bytes `start .. start + len` (a matrix the loader copied into
+    /// another layout): they leave its resident memory, and are read from
+    /// the file again (the page cache) if ever touched. Only whole 64 KiB
+    /// spans inside the range (a multiple of every page size); data
+    /// converted at load and owned bytes are left as they are.
+    pub fn release(&self, start: usize, len: usize) {
+        const SPAN: usize = 65536;
+        let (from, to) = (start.next_multiple_of(SPAN), (start + len) / SPAN * SPAN);
+        #[cfg(unix)]
+        if let Bytes::Map(m) = &self.map {
+            if start < self.converted_start && to > from && to <= m.len() {
+                // SAFETY: a read-only file mapping that is never written:
+                // MADV_DONTNEED only drops this process's page-table entries,
+                // and the next access reads the same bytes from the file, so no
+                // slice into the map sees its data change. (Advice is a hint:
+                // its error is of no consequence.)
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
+            }
+        }
+        let _ = (from, to);
+    }
+
     /// Bytes of the tensors converted at load time (0 for an `.mlb` file).
     pub fn converted_bytes(&self) -> usize {
         self.converted.len() * 8

@@ -535,6 +535,10 @@ impl Loader<'_> {
                 TensorType::Q4K => PackedRows::Q4K(repack(bytes, cols / QK_K, &what)?),
                 _ => PackedRows::Q6K(repack(bytes, cols / QK_K, &what)?),
             }));
+            // the kernels read the copy (the plain rows only for a lookup or
+            // rows after the last group): the file's pages need not stay
+            // resident beside it, so memory stays about the file's size
+            self.file.release(t.start, t.len);
         }
         Ok(m)
     }
