@@ -1,8 +1,8 @@
 """The families Krafla reads from GGUF files (Mixture-of-Experts: Qwen3-MoE, Qwen2-MoE, Mixtral,
-Qwen3.5-MoE; and Qwen3.5 as llama.cpp writes it), against transformers' own logits (float64): tiny random models built by transformers' classes
-and converted by llama.cpp's convert_hf_to_gguf.py (tools/make_gguf_fixtures.py made
-tests/fixtures/gguf-tiny/). Their cross-build byte identity is in test_arm.py / test_armv7.py
-(conftest.families_q8)."""
+Qwen3.5-MoE; and Qwen3.5 as llama.cpp writes it), against transformers' own logits (float64):
+tiny random models built by transformers' classes and converted by llama.cpp's
+convert_hf_to_gguf.py (tools/make_gguf_fixtures.py made tests/fixtures/gguf-tiny/). Their
+cross-build byte identity is in test_arm.py / test_armv7.py (conftest.families_q8)."""
 import base64
 import json
 import shutil

@@ -36,10 +36,10 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_v
               max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.25, bos_token_id=1,
               eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
 
-QWEN35 = dict(COMMON, initializer_range=0.2, num_hidden_layers=4, head_dim=32, layer_types=["linear_attention"] * 3 + ["full_attention"],
-              linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-              linear_value_head_dim=16, rope_parameters={"partial_rotary_factor": 0.25, "rope_theta": 10000000.0,
-                                                         "rope_type": "default"})
+QWEN35 = dict(COMMON, initializer_range=0.2, num_hidden_layers=4, head_dim=32,
+              layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+              linear_key_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_value_head_dim=16,
+              rope_parameters={"partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"})
 
 
 def models():
@@ -71,7 +71,8 @@ def models():
 
 
 def train_tokenizer(folder):
-    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tm
     tok = Tokenizer(tm.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
