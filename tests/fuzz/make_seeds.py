@@ -105,8 +105,9 @@ def mlt_seeds(tmp):
     put("mlt", "llama-gguf.mlt", (tmp / "llama-gguf.mlt").read_bytes())
 
 
-def one_layer_gguf(path, arch, extra_meta=(), extra_norms=()):
-    """A one-layer model of `arch`: SentencePiece tokens as tests/test_gguf.py writes them."""
+def one_layer_gguf(path, arch, extra_meta=(), extra_norms=(), experts=0):
+    """A one-layer model of `arch`: SentencePiece tokens as tests/test_gguf.py writes them; with
+    `experts`, a Mixture-of-Experts layer (a router, stacked experts and a gated shared one)."""
     d, ff, vocab = 32, 64, 300
     rng = np.random.default_rng(14)
     gw = gguf.GGUFWriter(str(path), arch)
@@ -137,8 +138,18 @@ def one_layer_gguf(path, arch, extra_meta=(), extra_norms=()):
     q8 = gguf.GGMLQuantizationType.Q8_0
     gw.add_tensor("token_embd.weight", gguf.quants.quantize(w(vocab, d), q8), raw_dtype=q8)
     gw.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
-    for name, shape in [("attn_q", (d, d)), ("attn_k", (16, d)), ("attn_v", (16, d)), ("attn_output", (d, d)),
-                        ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))]:
+    ffn = [("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))]
+    if experts:
+        gw.add_expert_count(experts)
+        gw.add_expert_used_count(2)
+        gw.add_expert_feed_forward_length(16)
+        gw.add_expert_shared_feed_forward_length(16)
+        ffn = [("ffn_gate_exps", (experts, 16, d)), ("ffn_up_exps", (experts, 16, d)),
+               ("ffn_down_exps", (experts, d, 16)), ("ffn_gate_shexp", (16, d)), ("ffn_up_shexp", (16, d)),
+               ("ffn_down_shexp", (d, 16))]
+        gw.add_tensor("blk.0.ffn_gate_inp.weight", w(experts, d))
+        gw.add_tensor("blk.0.ffn_gate_inp_shexp.weight", w(1, d))
+    for name, shape in [("attn_q", (d, d)), ("attn_k", (16, d)), ("attn_v", (16, d)), ("attn_output", (d, d)), *ffn]:
         gw.add_tensor(f"blk.0.{name}.weight", w(*shape).astype(np.float16))
     for name in ("attn_norm", "ffn_norm", *extra_norms):
         gw.add_tensor(f"blk.0.{name}.weight", np.ones(d, dtype=np.float32))
@@ -160,6 +171,8 @@ def gguf_seeds(tmp):
         ["post_attention_norm", "post_ffw_norm"]))
     put("gguf", "mistral-1layer.gguf", one_layer_gguf(tmp / "mistral.gguf", "mistral",
                                                       [("attention.sliding_window", 16)]))
+    # Mixture of Experts (issue 34): 4 stacked experts, a router and a gated shared expert
+    put("gguf", "qwen2moe-1layer.gguf", one_layer_gguf(tmp / "qwen2moe.gguf", "qwen2moe", experts=4))
 
     # Metadata only: a byte-level BPE tokenizer (GPT-2's byte alphabet and a few merges).
     alphabet = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
