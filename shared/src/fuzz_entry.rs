@@ -68,8 +68,9 @@ pub fn mlt(data: &[u8]) {
 }
 
 /// A GGUF file, then its tokenizer and its model import (tensors converted
-/// in memory: bounded by a small multiple of the file's size) and the
-/// configuration of the imported model.
+/// in memory: bounded by a small multiple of the file's size), the
+/// configuration of the imported model, the model loaded and one token run
+/// through it.
 pub fn gguf(data: &[u8]) {
     let g = match Gguf::from_bytes(data.to_vec(), "fuzz.gguf") {
         Ok(g) => g,
@@ -80,11 +81,22 @@ pub fn gguf(data: &[u8]) {
         Err(e) => one_line(&e),
     }
     match import_model(g, &ImportOptions::new(ConvertType::Auto)) {
-        Ok(m) => {
-            if let Err(e) = Config::from_mlb(&m) {
-                one_line(&e);
-            }
-        }
+        Ok(m) => match Config::from_mlb(&m) {
+            // the model loaded, and one token through it (a router's choice
+            // over garbage weights, NaN activations): an error or logits, never a panic
+            Ok(_) => match crate::model::Model::from_mlb(std::sync::Arc::new(m), Default::default()) {
+                Ok(model) => match crate::model::State::new(&model.config, 4) {
+                    Ok(mut st) => {
+                        if let Err(e) = model.forward(&mut st, &[0], crate::model::LogitsFor::Last) {
+                            one_line(&e);
+                        }
+                    }
+                    Err(e) => one_line(e.message()),
+                },
+                Err(e) => one_line(&e),
+            },
+            Err(e) => one_line(&e),
+        },
         Err(e) => one_line(e.message()),
     }
 }
