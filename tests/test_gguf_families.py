@@ -1,5 +1,5 @@
 """The families Krafla reads from GGUF files (Mixture-of-Experts: Qwen3-MoE, Qwen2-MoE, Mixtral,
-Qwen3.5-MoE; and Qwen3.5 as llama.cpp writes it), against transformers' own logits (float64):
+Qwen3.5-MoE; Qwen3.5 as llama.cpp writes it; Phi-3 / Phi-4-mini), against transformers' own logits (float64):
 tiny random models built by transformers' classes and converted by llama.cpp's
 convert_hf_to_gguf.py (tools/make_gguf_fixtures.py made tests/fixtures/gguf-tiny/). Their
 cross-build byte identity is in test_arm.py / test_armv7.py (conftest.families_q8)."""
@@ -23,6 +23,11 @@ def reference(name):
     return ref["input_ids"], logits, ref["greedy_16"]
 
 
+def run_args(name):
+    """The options the reference was made for (LongRoPE: a context of at most the original one)."""
+    return json.loads((GGUF_TINY / name / "reference.json").read_text()).get("args", [])
+
+
 def logits_of(model, ids, tmp_path, *extra):
     out = tmp_path / "logits.f32"
     run_ml(model, "--prompt-ids", ",".join(map(str, ids)), "--logits-out", out, "-n", "0", *extra)
@@ -35,7 +40,8 @@ def greedy_of(model, ids, n, *extra):
 
 
 def test_the_fixtures_are_there():
-    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35", "qwen35moe"} <= set(NAMES)
+    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35", "qwen35moe", "phi3"} <= set(NAMES)
+    assert LONG == ["phi3"]
     assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35moe"} <= set(MOE)
 
 
@@ -43,10 +49,32 @@ def test_the_fixtures_are_there():
 def test_f32_logits_and_greedy_match_transformers(name, tmp_path):
     ids, want, greedy = reference(name)
     model = GGUF_TINY / name / "model.gguf"
-    got = logits_of(model, ids, tmp_path).reshape(want.shape)
+    got = logits_of(model, ids, tmp_path, *run_args(name)).reshape(want.shape)
     diff = np.abs(got - want).max()
     assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e} > 1e-4"
-    assert greedy_of(model, ids, 16) == greedy
+    assert greedy_of(model, ids, 16, *run_args(name)) == greedy
+
+
+LONG = [n for n in NAMES if "long_input_ids" in json.loads((GGUF_TINY / n / "reference.json").read_text())]
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_rope_factors_beyond_the_original_context(name, tmp_path):
+    """A context above the original one takes LongRoPE's long factors for every position (as
+    llama.cpp; transformers switches once the sequence is that long): a sequence longer than it
+    gives transformers' logits at its last 8 positions. Within the original context the short
+    factors' logits differ from these (the factors matter)."""
+    ref = json.loads((GGUF_TINY / name / "reference.json").read_text())
+    ids = ref["long_input_ids"]
+    want = np.frombuffer(base64.b64decode(ref["long_logits_f32_le_base64"]), dtype="<f4").reshape(8, -1)
+    model = GGUF_TINY / name / "model.gguf"
+    got = logits_of(model, ids, tmp_path, "--ctx", 2 * len(ids)).reshape(-1, want.shape[1])[-8:]
+    diff = np.abs(got - want).max()
+    assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e} > 1e-4 with the long factors"
+    _, short_want, _ = reference(name)
+    short_ids, _, _ = reference(name)
+    long_ctx = logits_of(model, short_ids, tmp_path, "--ctx", 2 * len(ids)).reshape(short_want.shape)
+    assert np.abs(long_ctx - short_want).max() > 1e-2
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,7 +84,7 @@ def test_logits_identical_across_threads_and_batch_sizes(name, qtype, tmp_path):
     token's logits must not move with it."""
     ids, _, _ = reference(name)
     model = GGUF_TINY / name / "model.gguf"
-    conv = ["--type", qtype, "--requantize"]
+    conv = ["--type", qtype, "--requantize", *run_args(name)]
     base = logits_of(model, ids, tmp_path, *conv, "-t", "1", "--batch", "512").tobytes()
     for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 5)]:
         other = logits_of(model, ids, tmp_path, *conv, "-t", threads, "--batch", batch).tobytes()
@@ -74,7 +102,8 @@ Q8_MIN_AGREE = {"qwen35moe": 0.6}
 @pytest.mark.parametrize("name", NAMES)
 def test_q8_0_argmax_agrees(name, tmp_path):
     ids, want, _ = reference(name)
-    got = logits_of(GGUF_TINY / name / "model.gguf", ids, tmp_path, "--type", "q8_0", "--requantize")
+    got = logits_of(GGUF_TINY / name / "model.gguf", ids, tmp_path, "--type", "q8_0", "--requantize",
+                    *run_args(name))
     agree = float(np.mean(got.reshape(want.shape).argmax(1) == want.argmax(1)))
     assert agree >= Q8_MIN_AGREE.get(name, 0.7), f"{name} q8_0: argmax agrees at {agree:.0%} of positions"
 

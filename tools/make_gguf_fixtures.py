@@ -67,10 +67,19 @@ def models():
         "qwen35moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM, dict(
             QWEN35, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
             num_experts_per_tok=2)),
+        # Phi-3 / Phi-4-mini: fused q/k/v and gate/up, LongRoPE (short and long factors, an
+        # attention factor), partial rotary
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(
+            COMMON, num_hidden_layers=2, intermediate_size=96, max_position_embeddings=2048,
+            original_max_position_embeddings=512, partial_rotary_factor=0.75, sliding_window=None,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                             "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0],
+                             "original_max_position_embeddings": 512})),
     }
 
 
-def train_tokenizer(folder):
+def train_tokenizer(folder, tokenizer_class="PreTrainedTokenizerFast"):
     from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
     from tokenizers import models as tm
     tok = Tokenizer(tm.BPE())
@@ -85,7 +94,7 @@ def train_tokenizer(folder):
     assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+        "tokenizer_class": tokenizer_class, "bos_token": "<|bos|>", "eos_token": "<|eos|>",
         "pad_token": "<|pad|>", "model_max_length": 512}))
 
 
@@ -113,7 +122,8 @@ def make(name, llama_cpp):
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
         model.save_pretrained(src)
-        train_tokenizer(src)
+        # (Phi-4's GPT2Tokenizer: llama.cpp's Phi-3 converter takes it as byte-level BPE)
+        train_tokenizer(src, "GPT2Tokenizer" if name == "phi3" else "PreTrainedTokenizerFast")
         dest = OUT / name
         dest.mkdir(parents=True, exist_ok=True)
         # (Qwen3.5's converter wants a multi-token-prediction head, which these have not)
@@ -134,6 +144,17 @@ def make(name, llama_cpp):
                    "made in float32), eager attention and experts; GGUF by llama.cpp 0c1e570 "
                    "convert_hf_to_gguf.py --outtype f32",
     }
+    original = (kw.get("rope_parameters") or {}).get("original_max_position_embeddings")
+    if original:
+        # LongRoPE: transformers takes the short factors up to the original context (the
+        # reference above; Krafla and llama.cpp: a context of at most that, `args`), the long
+        # ones for a longer sequence: its last 8 positions' logits are `long_logits`
+        ref["args"] = ["--ctx", str(original)]
+        long_ids = np.random.default_rng(1).integers(3, VOCAB, original + 40).tolist()
+        with torch.no_grad():
+            long_logits = model(torch.tensor([long_ids])).logits[0, -8:].float().numpy()
+        ref["long_input_ids"] = long_ids
+        ref["long_logits_f32_le_base64"] = base64.b64encode(long_logits.astype("<f4").tobytes()).decode()
     (dest / "reference.json").write_text(json.dumps(ref))
     print(f"{name}: {dest}, logits {np.abs(logits).max():.2f} max")
 

@@ -26,6 +26,7 @@ pub enum Template {
     Mistral,
     Gemma,
     Zephyr,
+    Phi3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl Message {
 }
 
 impl Template {
-    pub const ALL: [Template; 7] = [
+    pub const ALL: [Template; 8] = [
         Template::Chatml,
         Template::Qwen3,
         Template::Llama2,
@@ -62,6 +63,7 @@ impl Template {
         Template::Mistral,
         Template::Gemma,
         Template::Zephyr,
+        Template::Phi3,
     ];
 
     /// What it looks like, for `--help`.
@@ -74,6 +76,7 @@ impl Template {
             Template::Mistral => "`[INST] ... [/INST]`",
             Template::Gemma => "`<start_of_turn>user ... <end_of_turn>`",
             Template::Zephyr => "`<|user|> ... </s>` (TinyLlama)",
+            Template::Phi3 => "`<|user|> ... <|end|>` (Phi-3, Phi-4-mini)",
         }
     }
 
@@ -87,6 +90,7 @@ impl Template {
             Template::Mistral => "mistral",
             Template::Gemma => "gemma",
             Template::Zephyr => "zephyr",
+            Template::Phi3 => "phi3",
         }
     }
 
@@ -133,7 +137,9 @@ impl Template {
         let syntax = self.call_syntax();
         let turns = with_tools_written(syntax, messages, tools)?;
         match self {
-            Template::Chatml | Template::Qwen3 | Template::Llama3 | Template::Zephyr => Ok(self.role_headers(&turns)),
+            Template::Chatml | Template::Qwen3 | Template::Llama3 | Template::Zephyr | Template::Phi3 => {
+                Ok(self.role_headers(&turns))
+            }
             Template::Llama2 | Template::Mistral | Template::Gemma => {
                 self.alternating(&turns, syntax.available_tools_text(tools).as_ref())
             }
@@ -154,6 +160,7 @@ impl Template {
             let (head, tail) = match self {
                 Template::Llama3 => (format!("<|start_header_id|>{role}<|end_header_id|>\n\n"), "<|eot_id|>"),
                 Template::Zephyr => (format!("<|{role}|>\n"), "</s>\n"),
+                Template::Phi3 => (format!("<|{role}|>\n"), "<|end|>\n"),
                 _ => (format!("<|im_start|>{role}\n"), "<|im_end|>\n"),
             };
             s.push_template(&head);
@@ -162,7 +169,7 @@ impl Template {
         }
         s.push_template(match self {
             Template::Llama3 => "<|start_header_id|>assistant<|end_header_id|>\n\n",
-            Template::Zephyr => "<|assistant|>\n",
+            Template::Zephyr | Template::Phi3 => "<|assistant|>\n",
             Template::Qwen3 => "<|im_start|>assistant\n<think>\n\n</think>\n\n",
             _ => "<|im_start|>assistant\n",
         });
@@ -417,6 +424,10 @@ mod tests {
             f(Template::Zephyr),
             "<|system|>\nS</s>\n<|user|>\nu1</s>\n<|assistant|>\na1</s>\n<|user|>\nu2</s>\n<|assistant|>\n"
         );
+        assert_eq!(
+            f(Template::Phi3),
+            "<|system|>\nS<|end|>\n<|user|>\nu1<|end|>\n<|assistant|>\na1<|end|>\n<|user|>\nu2<|end|>\n<|assistant|>\n"
+        );
         assert!(f(Template::Qwen3).as_str().ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     }
 
@@ -532,7 +543,7 @@ mod tests {
                     Template::Chatml | Template::Qwen3 => "<|im_start|>assistant\n",
                     Template::Llama3 => "<|start_header_id|>assistant<|end_header_id|>",
                     Template::Gemma => "<start_of_turn>model\n",
-                    Template::Zephyr => "<|assistant|>",
+                    Template::Zephyr | Template::Phi3 => "<|assistant|>",
                     Template::Llama2 | Template::Mistral => "[INST] ",
                 };
                 assert!(text.match_indices(header).any(|(at, m)| !inside(at, m.len())), "{t:?}");

@@ -63,6 +63,8 @@ pub struct Family {
     /// Mixture-of-Experts layers divide the chosen experts' weights by
     /// their sum (when the model has experts; llama.cpp fixes it per family).
     pub expert_weights_norm: bool,
+    /// GGUF stores q/k/v as one `attn_qkv` and gate/up as one `ffn_up` (Phi-3).
+    pub fused: bool,
 }
 
 const BASE: Family = Family {
@@ -81,6 +83,7 @@ const BASE: Family = Family {
     softcaps: false,
     local_rope_theta: None,
     expert_weights_norm: false,
+    fused: false,
 };
 
 pub const FAMILIES: &[Family] = &[
@@ -172,6 +175,8 @@ pub const FAMILIES: &[Family] = &[
         expert_weights_norm: true,
         ..BASE
     },
+    // Phi-3 / Phi-4-mini: LongRoPE from the file's factors (gguf.rs)
+    Family { arch: "phi3", gguf_arch: "phi3", fused: true, ..BASE },
     // karpathy/llama2.c checkpoints: plain Llama 2 blocks
     Family { arch: "llama2c", ..BASE },
 ];

@@ -51,6 +51,10 @@ const REQUIRED_DENSE: &[&str] = &["ffn_gate", "ffn_up", "ffn_down"];
 const REQUIRED_EXPERTS: &[&str] = &["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
 const REQUIRED_GEMMA: &[&str] = &["attn_post_norm", "ffn_post_norm"];
 
+/// Fused matrices (Phi-3's) and the `.mlb` matrices their rows are, in
+/// order: q, k, v; gate, up.
+const FUSED: &[(&str, &[&str])] = &[("attn_qkv", &["attn_q", "attn_k", "attn_v"]), ("ffn_up", &["ffn_gate", "ffn_up"])];
+
 /// Gated DeltaNet families' GGUF names (llama.cpp's Qwen3.5) → `.mlb` names;
 /// their pre-feed-forward norm is `post_attention_norm`.
 const LINEAR_NAMES: &[(&str, &str)] = &[
@@ -93,17 +97,26 @@ pub fn makes_q4(g: &Gguf, opts: &ImportOptions) -> Result<bool, String> {
 fn source(g: &Gguf) -> Result<(Metadata, Vec<SourceTensor<'_>>), String> {
     let (meta, heads) = metadata(g)?;
     let plan = tensor_plan(g, &heads)?;
-    let plan: Vec<SourceTensor> = plan
-        .into_iter()
-        .map(|(name, t)| SourceTensor {
-            name,
-            source_name: t.name.clone(),
-            ty: t.ty,
-            dims: stacked_matrix(&t.dims),
-            bytes: g.tensor_bytes(t),
-            in_place: Some(t.start),
-        })
-        .collect();
+    let mut out = Vec::with_capacity(plan.len());
+    for (name, t, part) in plan {
+        let (dims, bytes, start) = match part {
+            None => (stacked_matrix(&t.dims), g.tensor_bytes(t), t.start),
+            // rows r0 .. r0 + n of a fused matrix (plain rows: a byte range of it)
+            Some((r0, n)) => {
+                let (values, block) = t.ty.block();
+                let cols = t.dims[0] as usize;
+                let row = cols / values * block;
+                let whole = g.tensor_bytes(t);
+                let (from, len) = (r0 as usize * row, n as usize * row);
+                if t.dims.len() != 2 || !cols.is_multiple_of(values) || from + len > whole.len() {
+                    return Err(format!("{}: shape {:?} cannot be split into rows {r0}..{}", t.name, t.dims, r0 + n));
+                }
+                (vec![t.dims[0], n], &whole[from..from + len], t.start + from)
+            }
+        };
+        out.push(SourceTensor { name, source_name: t.name.clone(), ty: t.ty, dims, bytes, in_place: Some(start) });
+    }
+    let plan = out;
     check_shapes(&meta, &plan)?;
     Ok((meta, plan))
 }
@@ -124,6 +137,11 @@ fn stacked_matrix(dims: &[u64]) -> Vec<u64> {
 struct Heads {
     family: &'static Family,
     n_layers: usize,
+    /// Rows of q, of k and of v, and of the feed-forward's gate and up
+    /// (the parts of fused matrices).
+    q_rows: u64,
+    kv_rows: u64,
+    ffn_rows: u64,
 }
 
 /// The `.mlb` metadata of a GGUF file, in `tools/source_gguf.py`'s order,
@@ -214,6 +232,16 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         // llama.cpp's form of llama3 RoPE scaling: one divisor per frequency
         meta.push(("rope_freq_factors".into(), MetaValue::FloatArray(rope_freq_factors(g, t)?)));
     }
+    // LongRoPE (Phi-3): the short factors, and the long ones for a context above the original
+    if let (Some(short), Some(long)) = (g.tensor("rope_factors_short.weight"), g.tensor("rope_factors_long.weight")) {
+        meta.push(("rope_freq_factors".into(), MetaValue::FloatArray(rope_freq_factors(g, short)?)));
+        meta.push(("rope_freq_factors_long".into(), MetaValue::FloatArray(rope_freq_factors(g, long)?)));
+        let original = int("rope.scaling.original_context_length", None)?;
+        meta.push(("rope_long_context".into(), count(original)));
+    }
+    if let Some(factor) = nonzero("rope.scaling.attn_factor")? {
+        meta.push(("rope_attn_factor".into(), MetaValue::Float(factor)));
+    }
     for (k, gk) in [("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")] {
         if let Some(v) = g.get(gk) {
             let id = v.as_i64().ok_or_else(|| format!("{gk} should be an integer, not {v:?}"))?;
@@ -266,7 +294,7 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
     }
     let tied = g.tensor("output.weight").is_none();
     meta.push(("tie_embeddings".into(), MetaValue::Int(tied as i64)));
-    let heads = Heads { family, n_layers };
+    let heads = Heads { family, n_layers, q_rows: h.saturating_mul(hd), kv_rows: hkv.saturating_mul(hd), ffn_rows: f };
     Ok((meta, heads))
 }
 
@@ -388,9 +416,13 @@ fn layer_of(name: &str) -> Option<(usize, &str)> {
 
 /// The tensors in `.mlb` order and names: `token_embd`, each layer's in
 /// the sorted order of their GGUF names, `output_norm`, `output`.
-fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor)>, String> {
+/// A planned tensor: its `.mlb` name, the GGUF tensor, and which rows of
+/// it (first, count) when it is part of a fused one.
+type Planned<'g> = (String, &'g Tensor, Option<(u64, u64)>);
+
+fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<Planned<'g>>, String> {
     let need = |name: &str| g.tensor(name).ok_or_else(|| format!("missing tensor {name}"));
-    let mut plan = vec![("token_embd".to_string(), need("token_embd.weight")?)];
+    let mut plan = vec![("token_embd".to_string(), need("token_embd.weight")?, None)];
     // (at most as many layers as have tensors: `check_block_count`)
     let mut by_layer: Vec<Vec<(&str, &Tensor)>> = vec![Vec::new(); heads.n_layers];
     for t in &g.tensors {
@@ -402,19 +434,31 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor
     let gemma = if family.gemma { REQUIRED_GEMMA } else { &[] };
     for (i, mut names) in by_layer.into_iter().enumerate() {
         names.sort_by(|a, b| a.0.cmp(b.0));
-        let mut mapped_names = Vec::with_capacity(names.len());
+        let mut mapped_names: Vec<Planned> = Vec::with_capacity(names.len());
         for (n, t) in names {
             // (llama.cpp's Qwen3.5 `ssm_a` has no `.weight`)
             let (base, kind) = n.rsplit_once('.').unwrap_or((n, "weight"));
+            if let Some((_, parts)) = FUSED.iter().find(|(f, _)| family.fused && *f == base && kind == "weight") {
+                let rows = match parts.len() {
+                    3 => [heads.q_rows, heads.kv_rows, heads.kv_rows].to_vec(),
+                    _ => [heads.ffn_rows, heads.ffn_rows].to_vec(),
+                };
+                let mut r0 = 0u64;
+                for (part, n) in parts.iter().zip(rows) {
+                    mapped_names.push((part.to_string(), t, Some((r0, n))));
+                    r0 = r0.saturating_add(n);
+                }
+                continue;
+            }
             let linear = if family.linear_attention { LINEAR_NAMES } else { &[] };
             let mapped = linear.iter().chain(LAYER_NAMES).find(|(g, _)| *g == base).map(|(_, m)| m);
             let (Some(mapped), "weight" | "bias") = (mapped, kind) else {
                 return Err(format!("unexpected tensor blk.{i}.{n:?} for arch {}", family.gguf_arch));
             };
             let bias = if kind == "bias" { "_bias" } else { "" };
-            mapped_names.push((format!("{mapped}{bias}"), t));
+            mapped_names.push((format!("{mapped}{bias}"), t, None));
         }
-        let has = |name: &str| mapped_names.iter().any(|(n, _)| n == name);
+        let has = |name: &str| mapped_names.iter().any(|(n, _, _)| n == name);
         let mixer = if has("ssm_out") { REQUIRED_LINEAR } else { REQUIRED_ATTENTION };
         let ffn = if has("ffn_gate_inp") { REQUIRED_EXPERTS } else { REQUIRED_DENSE };
         for rq in REQUIRED.iter().chain(mixer).chain(ffn).chain(gemma) {
@@ -422,11 +466,11 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<(String, &'g Tensor
                 return Err(format!("missing tensor blk.{i}.{}", gguf_name(family, rq)));
             }
         }
-        plan.extend(mapped_names.into_iter().map(|(n, t)| (format!("blk.{i}.{n}"), t)));
+        plan.extend(mapped_names.into_iter().map(|(n, t, part)| (format!("blk.{i}.{n}"), t, part)));
     }
-    plan.push(("output_norm".to_string(), need("output_norm.weight")?));
+    plan.push(("output_norm".to_string(), need("output_norm.weight")?, None));
     if let Some(t) = g.tensor("output.weight") {
-        plan.push(("output".to_string(), t));
+        plan.push(("output".to_string(), t, None));
     }
     Ok(plan)
 }
@@ -447,7 +491,7 @@ fn gguf_name(family: &Family, mlb: &str) -> String {
 /// pair; the model's config checks the count against its RoPE width).
 fn rope_freq_factors(g: &Gguf, t: &Tensor) -> Result<Vec<f64>, String> {
     if t.ty != GgmlType::F32 || t.dims.len() != 1 {
-        return Err(format!("rope_freqs.weight should be a vector of F32, not {:?} {:?}", t.ty, t.dims));
+        return Err(format!("{} should be a vector of F32, not {:?} {:?}", t.name, t.ty, t.dims));
     }
     Ok(g.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect())
 }

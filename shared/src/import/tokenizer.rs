@@ -43,6 +43,7 @@ const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
     ("chatml", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     ("gemma", ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
     ("llama3", ["<|start_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
+    ("phi3", ["<|assistant|>", "<|end|>"], "<|end|>"),
 ];
 
 /// The chat template family of a jinja source ("" if unknown).
@@ -59,6 +60,8 @@ pub fn template_kind(jinja: &str) -> &'static str {
         } else {
             "mistral"
         }
+    } else if jinja.contains("<|user|>") && jinja.contains("<|end|>") {
+        "phi3"
     } else if jinja.contains("<|user|>") {
         "zephyr"
     } else {

@@ -52,6 +52,14 @@ pub struct Config {
     pub inv_freq_global: Vec<f32>,
     /// Inverse frequencies for sliding-window layers.
     pub inv_freq_local: Vec<f32>,
+    /// LongRoPE (Phi-3): the global frequencies of a sequence whose context
+    /// is above `rope_long_context`, each divided by its long factor
+    /// (`inv_freq_global` holds the short factors').
+    pub inv_freq_long: Option<Vec<f32>>,
+    pub rope_long_context: usize,
+    /// Multiplies cos and sin (LongRoPE's attention factor): the rotated
+    /// dims of q and k are scaled by it.
+    pub rope_attn_factor: f32,
     pub layer_kinds: Vec<LayerKind>,
     pub layer_rope: Vec<bool>,
     pub sliding_window: usize,
@@ -161,7 +169,7 @@ impl Config {
         let positive = |v: f64| v > 0.0;
 
         let arch_name = f.require_str("arch")?.to_string();
-        const KNOWN: [&str; 12] = [
+        const KNOWN: [&str; 13] = [
             "llama",
             "mistral",
             "qwen2",
@@ -174,6 +182,7 @@ impl Config {
             "qwen2moe",
             "qwen3moe",
             "qwen3_5_moe",
+            "phi3",
         ];
         if !KNOWN.contains(&arch_name.as_str()) {
             return Err(format!("{p}: unknown architecture '{arch_name}'"));
@@ -236,19 +245,27 @@ impl Config {
             }
             other => return Err(format!("{p}: unknown rope_scaling '{other}'")),
         }
-        // llama.cpp's form of RoPE scaling (its rope_freqs tensor): each
-        // global frequency divided by its own factor
-        if let Some(factors) = f.get_float_array("rope_freq_factors")? {
-            if factors.len() != inv_freq_global.len() || !factors.iter().all(|v| v.is_finite() && *v > 0.0) {
-                return Err(format!(
-                    "{p}: rope_freq_factors should hold {} positive numbers, one per rotated pair",
-                    inv_freq_global.len()
-                ));
+        // llama.cpp's form of RoPE scaling (its rope_freqs tensor; LongRoPE's
+        // short factors): each global frequency divided by its own factor
+        let divided = |key: &str, inv: &[f32]| -> Result<Option<Vec<f32>>, String> {
+            let Some(factors) = f.get_float_array(key)? else { return Ok(None) };
+            if factors.len() != inv.len() || !factors.iter().all(|v| v.is_finite() && *v > 0.0) {
+                return Err(format!("{p}: {key} should hold {} positive numbers, one per rotated pair", inv.len()));
             }
-            for (v, ff) in inv_freq_global.iter_mut().zip(factors) {
-                *v = (*v as f64 / ff) as f32;
-            }
+            Ok(Some(inv.iter().zip(factors).map(|(v, ff)| (*v as f64 / ff) as f32).collect()))
+        };
+        let unscaled = inv_freq_global.clone();
+        if let Some(v) = divided("rope_freq_factors", &unscaled)? {
+            inv_freq_global = v;
         }
+        let inv_freq_long = divided("rope_freq_factors_long", &unscaled)?;
+        let rope_long_context = opt_int("rope_long_context", LIMIT_CONTEXT)?;
+        if inv_freq_long.is_some() && !(1..=LIMIT_CONTEXT).contains(&rope_long_context) {
+            return Err(format!(
+                "{p}: metadata 'rope_long_context' = {rope_long_context} is outside 1..={LIMIT_CONTEXT}"
+            ));
+        }
+        let rope_attn_factor = float_in("rope_attn_factor", 1.0, positive, "a positive number")? as f32;
 
         let per_layer = |key: &str, default: i64| -> Result<Vec<i64>, String> {
             match f.get_int_array(key)? {
@@ -346,6 +363,9 @@ impl Config {
             rope_dim,
             inv_freq_global,
             inv_freq_local,
+            inv_freq_long,
+            rope_long_context: rope_long_context as usize,
+            rope_attn_factor,
             layer_kinds,
             layer_rope,
             sliding_window: sliding_window as usize,

@@ -67,7 +67,8 @@ impl Model {
         }
 
         let positions: Vec<usize> = segs.iter().flat_map(|s| s.state.pos..s.state.pos + s.tokens.len()).collect();
-        let rope_tables = RopeTables::new(c, &positions);
+        let contexts: Vec<usize> = segs.iter().flat_map(|s| std::iter::repeat_n(s.state.ctx, s.tokens.len())).collect();
+        let rope_tables = RopeTables::new(c, &positions, &contexts);
         let mut xn = vec![0.0f32; n_tok * d];
         let mut proj = vec![0.0f32; n_tok * d];
 

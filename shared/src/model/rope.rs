@@ -13,15 +13,26 @@ pub(super) struct RopeTables {
 }
 
 impl RopeTables {
-    /// The tables of rows at `positions`.
-    pub(super) fn new(c: &Config, positions: &[usize]) -> Self {
-        let table = |inv: &[f32]| -> Vec<(f32, f32)> {
+    /// The tables of rows at `positions`, each of a sequence whose context
+    /// is `contexts[row]` (LongRoPE: above `rope_long_context`, the long factors).
+    pub(super) fn new(c: &Config, positions: &[usize], contexts: &[usize]) -> Self {
+        let table = |inv: &[f32], long: Option<&[f32]>| -> Vec<(f32, f32)> {
             let mut t = Vec::with_capacity(positions.len() * inv.len());
-            for &p in positions {
+            for (&p, &ctx) in positions.iter().zip(contexts) {
+                let inv = match long {
+                    Some(long) if ctx > c.rope_long_context => long,
+                    _ => inv,
+                };
                 for &f in inv {
-                    // Angle in f32 as transformers computes it; cos/sin rounded from f64.
+                    // Angle in f32 as transformers computes it; cos/sin rounded from f64,
+                    // then times the attention factor in f32 (1: unchanged).
                     let angle = (p as f32 * f) as f64;
-                    t.push((libm::cos(angle) as f32, libm::sin(angle) as f32));
+                    let (cos, sin) = (libm::cos(angle) as f32, libm::sin(angle) as f32);
+                    t.push(if c.rope_attn_factor == 1.0 {
+                        (cos, sin)
+                    } else {
+                        (cos * c.rope_attn_factor, sin * c.rope_attn_factor)
+                    });
                 }
             }
             t
@@ -29,8 +40,8 @@ impl RopeTables {
         RopeTables {
             style: c.rope_style,
             rope_dim: c.rope_dim,
-            global: table(&c.inv_freq_global),
-            local: table(&c.inv_freq_local),
+            global: table(&c.inv_freq_global, c.inv_freq_long.as_deref()),
+            local: table(&c.inv_freq_local, None),
         }
     }
 
