@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from make_random_qwen2 import add_tokenizer
+from make_random_qwen2 import add_hparams, add_tokenizer
 
 ARCH = "qwen3moe"
 N_VOCAB = 151936
@@ -96,14 +96,7 @@ def main():
     w = gguf.GGUFWriter(args.out, ARCH)
     w.add_type("model")
     w.add_name(f"Qwen3 30B A3B (random weights, {args.layers} of {N_LAYER} layers)")
-    w.add_block_count(args.layers)
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(RMS_EPS)
+    add_hparams(w, args.layers, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS)
     w.add_expert_count(N_EXPERT)
     w.add_expert_used_count(N_EXPERT_USED)
     w.add_key_length(HEAD_DIM)

@@ -33,6 +33,18 @@ ROPE_THETA = 1000000.0
 RMS_EPS = 1e-6
 
 
+def add_hparams(w, layers, ctx, embd, ff, heads, heads_kv, rope_theta, rms_eps):
+    """The hyperparameters every text model's GGUF has, as TextModel.set_gguf_parameters writes them."""
+    w.add_block_count(layers)
+    w.add_context_length(ctx)
+    w.add_embedding_length(embd)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads_kv)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(rms_eps)
+
+
 def add_tokenizer(w, tokdir, n_vocab):
     """SmolLM2's byte-level BPE as convert_hf_to_gguf.py's _set_vocab_gpt2 writes it, padded with
     "<|pad_N|>" control tokens up to `n_vocab` rows."""
@@ -86,14 +98,7 @@ def main():
     w.add_finetune("Instruct")
     w.add_basename("Qwen2.5")
     # hparams (TextModel.set_gguf_parameters for Qwen2ForCausalLM)
-    w.add_block_count(N_LAYER)
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_freq_base(ROPE_THETA)
-    w.add_layer_norm_rms_eps(RMS_EPS)
+    add_hparams(w, N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
     add_tokenizer(w, tokdir, N_VOCAB)

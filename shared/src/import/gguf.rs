@@ -201,7 +201,6 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         0 => *embd.dims.last().unwrap_or(&0),
         v => v,
     };
-    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
     let mut meta: Vec<(String, MetaValue)> = vec![
         ("arch".into(), MetaValue::Str(family.arch.into())),
         ("vocab_size".into(), count(v)),
@@ -298,16 +297,30 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
     Ok((meta, heads))
 }
 
+/// A count as `.mlb` metadata (an int; beyond i64, i64::MAX, for the
+/// model's limits to refuse).
+fn count(v: u64) -> MetaValue {
+    MetaValue::Int(v.min(i64::MAX as u64) as i64)
+}
+
+/// The count at GGUF key `{ga}.{k}`, or `default` when it is absent.
+fn key_count(g: &Gguf, ga: &str, k: &str, default: Option<u64>) -> Result<u64, String> {
+    match g.get(&format!("{ga}.{k}")) {
+        Some(v) => v
+            .as_i64()
+            .and_then(|i| u64::try_from(i).ok())
+            .ok_or_else(|| format!("{ga}.{k} should be a count, not {v:?}")),
+        None => default.ok_or_else(|| format!("GGUF lacks {ga}.{k}")),
+    }
+}
+
 /// The Gated DeltaNet metadata of a llama.cpp Qwen3.5 file: the heads'
 /// shapes (`ssm.*`), which layers are linear (`attention.recurrent_layers`,
 /// else every `full_attention_interval`-th layer is full), and the value
 /// heads' tiled order (llama.cpp reorders them when there are more value
 /// heads than key heads).
 fn linear_metadata(g: &Gguf, ga: &str, n_layers: usize) -> Result<Metadata, String> {
-    let int = |k: &str| -> Result<u64, String> {
-        let v = g.get(&format!("{ga}.{k}")).ok_or_else(|| format!("GGUF lacks {ga}.{k}"))?;
-        v.as_i64().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| format!("{ga}.{k} should be a count, not {v:?}"))
-    };
+    let int = |k: &str| key_count(g, ga, k, None);
     let (nk, nv, dk, inner) =
         (int("ssm.group_count")?, int("ssm.time_step_rank")?, int("ssm.state_size")?, int("ssm.inner_size")?);
     if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) || !inner.is_multiple_of(nv) {
@@ -323,7 +336,6 @@ fn linear_metadata(g: &Gguf, ga: &str, n_layers: usize) -> Result<Metadata, Stri
             (0..n_layers).map(|i| if (i + 1) % every == 0 { FULL } else { LINEAR }).collect()
         }
     };
-    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
     Ok(vec![
         ("linear_n_k_heads".into(), count(nk)),
         ("linear_n_v_heads".into(), count(nv)),
@@ -339,20 +351,11 @@ fn linear_metadata(g: &Gguf, ga: &str, n_layers: usize) -> Result<Metadata, Stri
 /// (`f`: its dense feed-forward width), none without.
 fn experts_metadata(g: &Gguf, ga: &str, family: &Family, f: u64) -> Result<Metadata, String> {
     let get = |k: &str| g.get(&format!("{ga}.{k}"));
-    let int = |k: &str, default: Option<u64>| -> Result<u64, String> {
-        match get(k) {
-            Some(v) => v
-                .as_i64()
-                .and_then(|i| u64::try_from(i).ok())
-                .ok_or_else(|| format!("{ga}.{k} should be a count, not {v:?}")),
-            None => default.ok_or_else(|| format!("GGUF lacks {ga}.{k}")),
-        }
-    };
+    let int = |k: &str, default: Option<u64>| key_count(g, ga, k, default);
     let n = int("expert_count", Some(0))?;
     if n == 0 {
         return Ok(Vec::new());
     }
-    let count = |v: u64| MetaValue::Int(v.min(i64::MAX as u64) as i64);
     let mut m: Metadata = vec![
         ("n_experts".into(), count(n)),
         ("n_experts_used".into(), count(int("expert_used_count", None)?)),

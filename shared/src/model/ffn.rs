@@ -16,7 +16,7 @@ use super::config::{Activation, ExpertGating};
 use super::forward::carry_non_finite;
 use super::weights::{DenseFfn, ExpertsFfn, Ffn};
 use super::Model;
-use crate::kernels::{matmul, matmul_each, Arch, Input, Kernels};
+use crate::kernels::{matmul, matmul_each, matmul_group, Arch, Input, Kernels};
 
 impl Model {
     /// out[T][D] = the feed-forward block of layer `l` over the normed rows `xn` [T][D].
@@ -34,7 +34,7 @@ impl Model {
         let input = Input::new(xn, d);
         self.record(l, &["ffn_gate", "ffn_up"], xn, d);
         let (wg, wu) = (self.mat(&w.gate), self.mat(&w.up));
-        matmul_each(&mut [(&wg, &input, &mut gate[..]), (&wu, &input, &mut up[..])]);
+        matmul_group(&mut [(&wg, &mut gate[..]), (&wu, &mut up[..])], &input);
         self.activate(&mut gate, &up, f);
         self.record(l, &["ffn_down"], &gate, f);
         matmul(&self.mat(&w.down), &Input::new(&gate, f), out);
