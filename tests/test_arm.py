@@ -100,6 +100,9 @@ def test_kernel_unit_tests_under_qemu(builds, name, cpu, sve_bits):
               "kquant_dots_on_extreme_values_match_portable_and_exact", "kquant_integer_part_is_exact",
               "kquant_dots_agree_with_the_dequantised_rows"]:
         assert f"test kernels::tests_kquant::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
+    for t in ["mxfp4_dots_match_exact_reference_and_portable", "mxfp4_dots_on_extreme_values_match_portable_and_exact",
+              "mxfp4_four_token_dots_equal_single_token_dots"]:
+        assert f"test kernels::tests_mxfp4::{t} ... ok" in p.stdout, f"{name}: {t} did not run and pass"
     assert "test kernels::aarch64::neon::imp::tests::neon_exp_matches_the_x86_operation_sequence ... ok" in p.stdout
     if sve_bits:
         assert f"SVE vector length: {sve_bits} bits" in p.stderr

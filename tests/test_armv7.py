@@ -80,7 +80,9 @@ def test_kernel_unit_tests_under_qemu(build, cpu):
               "tests_kquant::kquant_dots_match_portable_and_exact_on_random_blocks",
               "tests_kquant::kquant_dots_on_extreme_values_match_portable_and_exact",
               "tests_kquant::kquant_integer_part_is_exact",
-              "tests_kquant::kquant_dots_agree_with_the_dequantised_rows"]:
+              "tests_kquant::kquant_dots_agree_with_the_dequantised_rows",
+              "tests_mxfp4::mxfp4_dots_match_exact_reference_and_portable",
+              "tests_mxfp4::mxfp4_dots_on_extreme_values_match_portable_and_exact"]:
         assert f"test kernels::{t} ... ok" in p.stdout, f"{cpu}: {t} did not run and pass"
 
 

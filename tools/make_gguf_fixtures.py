@@ -159,11 +159,25 @@ def make(name, llama_cpp):
     print(f"{name}: {dest}, logits {np.abs(logits).max():.2f} max")
 
 
+def mxfp4(llama_cpp):
+    """qwen3moe/model-mxfp4.gguf: the Qwen3-MoE fixture through llama.cpp's own `llama-quantize
+    ... MXFP4_MOE` (experts in MXFP4, the other matrices Q8_0), for the MXFP4 tests; the tool
+    from the build tools/bench_llamacpp.sh makes (LLAMA_QUANTIZE, else build-avx2 beside the sdist)."""
+    import os
+    import subprocess
+    default = llama_cpp.parents[2] / "build-avx2" / "bin" / "llama-quantize"
+    tool = os.environ.get("LLAMA_QUANTIZE", str(default))
+    subprocess.run([tool, str(OUT / "qwen3moe" / "model.gguf"), str(OUT / "qwen3moe" / "model-mxfp4.gguf"),
+                    "MXFP4_MOE"], check=True)
+
+
 def main():
     llama_cpp = Path(sys.argv[1]).resolve()
     names = sys.argv[2:] or list(models())
     for name in names:
         make(name, llama_cpp)
+    if "qwen3moe" in names:
+        mxfp4(llama_cpp)
 
 
 if __name__ == "__main__":

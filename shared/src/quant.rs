@@ -48,6 +48,52 @@ pub struct BlockQ4_0F32 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0F32>() == 20);
 
+/// MXFP4 block (the OCP microscaling format as GGUF stores it, gpt-oss's
+/// expert weights): 32 E2M1 values sharing one E8M0 power-of-two scale `e`;
+/// byte j holds element j (low nibble) and j + 16 (high nibble), as Q4_0.
+/// x = 2^(e−127) · e2m1(nibble) = `e8m0_half(e)` · `MXFP4_VALUES[nibble]`:
+/// the values doubled are integers, so a block's dot with int8 activations
+/// is an exact integer sum, as for Q8_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct BlockMxfp4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockMxfp4>() == 17);
+
+/// Twice the E2M1 value of each 4-bit code (sign bit 3, then two exponent
+/// bits and one mantissa bit): 0, ½, 1, 1½, 2, 3, 4, 6 and their negatives.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// 2^(e−128): half the E8M0 scale `e`, the factor of `MXFP4_VALUES`. Exact
+/// for every e (e < 2 gives the subnormals 2^−128 and 2^−127; E8M0's NaN
+/// code 255 reads as 2^127, as in llama.cpp).
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(e8m0_half_bits(e))
+}
+/// The bits of `e8m0_half(e)`.
+#[inline(always)]
+pub fn e8m0_half_bits(e: u8) -> u32 {
+    if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (u32::from(e) - 1) << 23
+    }
+}
+
+/// Dequantises one row of MXFP4 blocks: `e8m0_half(e)`·value (exact).
+pub fn dequant_mxfp4(blocks: &[BlockMxfp4], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = e8m0_half(b.e);
+        for (j, &byte) in b.qs.iter().enumerate() {
+            o[j] = d * f32::from(MXFP4_VALUES[usize::from(byte & 15)]);
+            o[j + QK / 2] = d * f32::from(MXFP4_VALUES[usize::from(byte >> 4)]);
+        }
+    }
+}
+
 /// Weights per K-quant super-block (`BlockQ4K`, `BlockQ5K`, `BlockQ6K`):
 /// eight activation blocks of `QK`.
 pub const QK_K: usize = 256;

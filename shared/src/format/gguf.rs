@@ -155,6 +155,8 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     Q8K,
+    /// OCP MXFP4 (`quant::BlockMxfp4`).
+    Mxfp4,
 }
 
 impl GgmlType {
@@ -176,6 +178,7 @@ impl GgmlType {
             14 => GgmlType::Q6K,
             15 => GgmlType::Q8K,
             30 => GgmlType::BF16,
+            39 => GgmlType::Mxfp4,
             other => {
                 const NAMES: [&str; 40] = [
                     "F32",
@@ -243,6 +246,7 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -262,6 +266,7 @@ impl GgmlType {
             GgmlType::Q5K => (256, 176),
             GgmlType::Q6K => (256, 210),
             GgmlType::Q8K => (256, 292),
+            GgmlType::Mxfp4 => (32, 17),
         }
     }
 }

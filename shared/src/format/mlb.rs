@@ -11,8 +11,8 @@ use std::path::Path;
 use super::bytes::ByteReader;
 use crate::fault::Fault;
 use crate::quant::{
-    repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
-    BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+    repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0,
+    BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 pub const MAGIC: &[u8; 8] = b"KRAFLAMB";
@@ -43,6 +43,8 @@ pub enum TensorType {
     Q4K,
     Q5K,
     Q6K,
+    /// OCP MXFP4 blocks of 32 (`quant::BlockMxfp4`).
+    Mxfp4,
 }
 
 impl TensorType {
@@ -57,6 +59,7 @@ impl TensorType {
             6 => TensorType::Q4K,
             7 => TensorType::Q5K,
             8 => TensorType::Q6K,
+            9 => TensorType::Mxfp4,
             _ => return None,
         })
     }
@@ -72,6 +75,7 @@ impl TensorType {
             TensorType::Q4K => "q4_k",
             TensorType::Q5K => "q5_k",
             TensorType::Q6K => "q6_k",
+            TensorType::Mxfp4 => "mxfp4",
         }
     }
 
@@ -95,6 +99,7 @@ impl TensorType {
             TensorType::Q4K => blocks_of(QK_K, std::mem::size_of::<BlockQ4K>()),
             TensorType::Q5K => blocks_of(QK_K, std::mem::size_of::<BlockQ5K>()),
             TensorType::Q6K => blocks_of(QK_K, std::mem::size_of::<BlockQ6K>()),
+            TensorType::Mxfp4 => blocks(std::mem::size_of::<BlockMxfp4>()),
         }
     }
 }

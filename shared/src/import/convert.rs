@@ -379,6 +379,7 @@ fn kept_type(ty: GgmlType) -> Option<TensorType> {
         GgmlType::Q4K => TensorType::Q4K,
         GgmlType::Q5K => TensorType::Q5K,
         GgmlType::Q6K => TensorType::Q6K,
+        GgmlType::Mxfp4 => TensorType::Mxfp4,
         _ => return None,
     })
 }
@@ -454,7 +455,9 @@ fn encode(ttype: TensorType, cols: usize, x: &[f32], rule: Q4Rule, weights: Opti
         TensorType::Q8_0 => quantize_q8_0(x, bytemuck::cast_slice_mut::<u8, BlockQ8_0>(out)),
         TensorType::Q4_0 => quantize_q4_0(x, cols, rule, weights, bytemuck::cast_slice_mut::<u8, BlockQ4_0>(out)),
         TensorType::Q8_0F32 | TensorType::Q4_0F32 => unreachable!("choose_type never picks f32 scales"),
-        TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => unreachable!("K-quant tensors are kept, never encoded"),
+        TensorType::Q4K | TensorType::Q5K | TensorType::Q6K | TensorType::Mxfp4 => {
+            unreachable!("K-quant and MXFP4 tensors are kept, never encoded")
+        }
     }
     debug_assert_eq!(x.len() % cols.max(1), 0);
 }

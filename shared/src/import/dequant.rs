@@ -15,7 +15,7 @@
 use half::f16;
 
 use crate::format::gguf::GgmlType;
-use crate::quant::{dequant_q4k, dequant_q5k, dequant_q6k};
+use crate::quant::{dequant_mxfp4, dequant_q4k, dequant_q5k, dequant_q6k};
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -46,7 +46,8 @@ pub fn nonfinite_scale(ty: GgmlType, data: &[u8]) -> Option<(usize, f32)> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .enumerate()
             .find(|(_, d)| !d.is_finite()),
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+        // E8M0 scales are powers of two, all finite
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Mxfp4 => None,
     }
 }
 
@@ -161,6 +162,7 @@ fn block_values(ty: GgmlType, b: &[u8], o: &mut [f32]) {
         GgmlType::Q4K => dequant_q4k(&[bytemuck::pod_read_unaligned(b)], o),
         GgmlType::Q5K => dequant_q5k(&[bytemuck::pod_read_unaligned(b)], o),
         GgmlType::Q6K => dequant_q6k(&[bytemuck::pod_read_unaligned(b)], o),
+        GgmlType::Mxfp4 => dequant_mxfp4(&[bytemuck::pod_read_unaligned(b)], o),
         GgmlType::Q8K => {
             let d = f32::from_le_bytes(b[0..4].try_into().unwrap());
             for j in 0..256 {

@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `mxfp4_dots`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -19,6 +19,7 @@ macro_rules! entry_points {
     (@group $m:ident kv_rows) => { entry_points!($m: dot_f32_rows, axpy_rows); };
     (@group $m:ident int8_dots) => { entry_points!($m: dot_q8, dot_q4); };
     (@group $m:ident int8_dots_x4) => { entry_points!($m: dot_q8_x4, dot_q4_x4); };
+    (@group $m:ident mxfp4_dots) => { entry_points!($m: dot_mxfp4, dot_mxfp4_x4); };
     (@group $m:ident kquant_dots) => { entry_points!($m: dot_q4k, dot_q5k, dot_q6k); };
     (@group $m:ident kquant_dots_x4) => { entry_points!($m: dot_q4k_x4, dot_q5k_x4, dot_q6k_x4); };
     (@group $m:ident rows8) => {
@@ -133,6 +134,20 @@ macro_rules! entry_points {
         fn dot_q6k_r8(w: &[crate::quant::BlockQ6Kx8], x: crate::quant::ActRef) -> [f32; 8] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q6k_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_mxfp4) => {
+        #[inline]
+        fn dot_mxfp4(w: &[crate::quant::BlockMxfp4], x: crate::quant::ActRef) -> f32 {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_mxfp4(w, x) }
+        }
+    };
+    (@one $m:ident dot_mxfp4_x4) => {
+        #[inline]
+        fn dot_mxfp4_x4(w: &[crate::quant::BlockMxfp4], xs: [crate::quant::ActRef; 4]) -> [f32; 4] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_mxfp4_x4(w, xs) }
         }
     };
     (@one $m:ident dot_q4k) => {

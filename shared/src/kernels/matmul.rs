@@ -10,8 +10,9 @@ use rayon::prelude::*;
 
 use super::{Arch, Kernels};
 use crate::quant::{
-    dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0,
-    BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+    dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockMxfp4, BlockQ4K,
+    BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32,
+    BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// Borrowed rows of a weight matrix, in their stored type.
@@ -26,6 +27,7 @@ pub enum WeightData<'a> {
     Q4K(&'a [BlockQ4K]),
     Q5K(&'a [BlockQ5K]),
     Q6K(&'a [BlockQ6K]),
+    Mxfp4(&'a [BlockMxfp4]),
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q6_K matrix again, in the
@@ -72,6 +74,7 @@ impl<'a> MatRef<'a> {
             WeightData::Q4_0F32(w) => WeightData::Q4_0F32(part(w, b, r0, n)),
             WeightData::Q4K(w) => WeightData::Q4K(part(w, k, r0, n)),
             WeightData::Q5K(w) => WeightData::Q5K(part(w, k, r0, n)),
+            WeightData::Mxfp4(w) => WeightData::Mxfp4(part(w, b, r0, n)),
             WeightData::Q6K(w) => WeightData::Q6K(part(w, k, r0, n)),
         };
         let whole = r0.is_multiple_of(ROWS8) && n.is_multiple_of(ROWS8);
@@ -99,6 +102,7 @@ impl<'a> MatRef<'a> {
             WeightData::Q4_0F32(w) => Arch::dot_q4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4K(w) => Arch::dot_q4k(&w[r * k..(r + 1) * k], xq),
             WeightData::Q5K(w) => Arch::dot_q5k(&w[r * k..(r + 1) * k], xq),
+            WeightData::Mxfp4(w) => Arch::dot_mxfp4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q6K(w) => Arch::dot_q6k(&w[r * k..(r + 1) * k], xq),
         }
     }
@@ -114,6 +118,7 @@ impl<'a> MatRef<'a> {
             WeightData::Q4_0F32(w) => Arch::dot_q4_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q4K(w) => Arch::dot_q4k_x4(&w[r * k..(r + 1) * k], xq),
             WeightData::Q5K(w) => Arch::dot_q5k_x4(&w[r * k..(r + 1) * k], xq),
+            WeightData::Mxfp4(w) => Arch::dot_mxfp4_x4(&w[r * b..(r + 1) * b], xq),
             WeightData::Q6K(w) => Arch::dot_q6k_x4(&w[r * k..(r + 1) * k], xq),
             WeightData::F32(_) | WeightData::F16(_) => [0, 1, 2, 3].map(|t| self.row_dot(r, x[t], xq[t])),
         }
@@ -189,6 +194,7 @@ impl<'a> MatRef<'a> {
                 WeightData::Q4_0(w) => part(w, r * b, n * b),
                 WeightData::Q4K(w) => part(w, r * k, n * k),
                 WeightData::Q5K(w) => part(w, r * k, n * k),
+                WeightData::Mxfp4(w) => part(w, r * b, n * b),
                 WeightData::Q6K(w) => part(w, r * k, n * k),
                 _ => return,
             },
@@ -252,6 +258,7 @@ impl<'a> MatRef<'a> {
             WeightData::Q4_0F32(w) => dequant_q4(&w[r * b..(r + 1) * b], out),
             WeightData::Q4K(w) => dequant_q4k(&w[r * k..(r + 1) * k], out),
             WeightData::Q5K(w) => dequant_q5k(&w[r * k..(r + 1) * k], out),
+            WeightData::Mxfp4(w) => dequant_mxfp4(&w[r * b..(r + 1) * b], out),
             WeightData::Q6K(w) => dequant_q6k(&w[r * k..(r + 1) * k], out),
         }
     }

@@ -63,3 +63,5 @@ pub const ISA: &str = env!("KRAFLA_ISA");
 mod tests;
 #[cfg(test)]
 mod tests_kquant;
+#[cfg(test)]
+mod tests_mxfp4;

@@ -11,8 +11,8 @@ use half::f16;
 
 use super::set::Kernels;
 use crate::quant::{
-    q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K,
-    BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, QK,
+    e8m0_half, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8,
+    BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK,
 };
 
 /// The scalar kernel set.
@@ -94,6 +94,22 @@ impl Kernels for Portable {
             }
             isum -= 8 * bx.sum;
             acc[i % 8] += (bw.scale() * bx.d) * isum as f32;
+        }
+        combine8(acc)
+    }
+
+    /// MXFP4 weights · Q8 activations: as `dot_q8`, the weight quants
+    /// `MXFP4_VALUES`[nibble] and the scale `e8m0_half(e)`.
+    fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        let mut acc = [0.0f32; 8];
+        for (i, (bw, bx)) in w.iter().zip(x.blocks()).enumerate() {
+            let mut isum = 0i32;
+            for (j, &byte) in bw.qs.iter().enumerate() {
+                isum += MXFP4_VALUES[(byte & 0x0f) as usize] as i32 * bx.qs[j] as i32;
+                isum += MXFP4_VALUES[(byte >> 4) as usize] as i32 * bx.qs[j + QK / 2] as i32;
+            }
+            acc[i % 8] += (e8m0_half(bw.e) * bx.d) * isum as f32;
         }
         combine8(acc)
     }

@@ -18,8 +18,8 @@ use half::f16;
 
 use super::portable::Portable;
 use crate::quant::{
-    ActQ8, ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, Q4Block,
-    Q8Block,
+    ActQ8, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0,
+    BlockQ8_0x8, Q4Block, Q8Block,
 };
 
 pub trait Kernels {
@@ -89,6 +89,15 @@ pub trait Kernels {
     /// As `dot_q8_x4` for Q4 weights.
     fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         xs.map(|x| Self::dot_q4(w, x))
+    }
+
+    /// MXFP4 weights · Q8 activations (no default: every set has its own):
+    /// block b's exact Σ `MXFP4_VALUES`[nibble]·q, scaled by
+    /// `e8m0_half(e)`·d_x, in `dot_q8`'s order.
+    fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32;
+    /// One MXFP4 row with four activation rows; result t is `dot_mxfp4` of row t, bit for bit.
+    fn dot_mxfp4_x4(w: &[BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        xs.map(|x| Self::dot_mxfp4(w, x))
     }
 
     // ---- eight interleaved rows (`quant::BlockQ8_0x8`, `BlockQ4_0x8`)

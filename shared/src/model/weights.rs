@@ -15,8 +15,8 @@ use crate::format::mlb::{rows8_block_bytes, Layout, Mlb, TensorInfo, TensorType}
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
     deinterleave_x8, dequant_q4, dequant_q4k, dequant_q6k, dequant_q8, nonfinite_block, nonfinite_scale_error,
-    rebias_q8_x8, repack_rows8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K,
-    BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, Scaled, Scales, QK, QK_K, ROWS8,
+    rebias_q8_x8, repack_rows8, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K,
+    BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, Scaled, Scales, QK, QK_K, ROWS8,
 };
 
 /// A weight matrix: the tensor in the mapped file, where the kernels read
@@ -409,6 +409,7 @@ impl Model {
             TensorType::Q4K => WeightData::Q4K(cast::<BlockQ4K>(bytes)),
             TensorType::Q5K => WeightData::Q5K(cast::<BlockQ5K>(bytes)),
             TensorType::Q6K => WeightData::Q6K(cast::<BlockQ6K>(bytes)),
+            TensorType::Mxfp4 => WeightData::Mxfp4(cast::<BlockMxfp4>(bytes)),
         }
     }
 
@@ -720,6 +721,8 @@ fn nonfinite_scale_in(t: &TensorInfo, bytes: &[u8]) -> Option<(usize, f32)> {
         (_, TensorType::Q4K) => plain::<BlockQ4K>(bytes),
         (_, TensorType::Q5K) => plain::<BlockQ5K>(bytes),
         (_, TensorType::Q6K) => plain::<BlockQ6K>(bytes),
+        // E8M0 scales: all finite
+        (_, TensorType::Mxfp4) => None,
         (_, TensorType::F32 | TensorType::F16) => None,
     }
 }

@@ -28,7 +28,7 @@ pub struct Neon;
 
 impl Kernels for Neon {
     entry_points!(imp: f32_ops);
-    entry_points!(imp: int8_dots);
+    entry_points!(imp: int8_dots, dot_mxfp4);
     entry_points!(imp: kquant_dots);
 }
 
@@ -36,7 +36,9 @@ pub mod imp {
     use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use crate::kernels::portable::combine8;
     use crate::kernels::portable::f16_bits_to_f32;
-    use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block, QK};
+    use crate::quant::{
+        e8m0_half_bits, ActRef, BlockMxfp4, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block, MXFP4_VALUES, QK,
+    };
     use core::arch::aarch64::*;
     use half::f16;
 
@@ -87,6 +89,14 @@ pub mod imp {
             let lo = vreinterpretq_s8_u8(vandq_u8(n, vdupq_n_u8(0x0f)));
             let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(n));
             [vsubq_s8(lo, eight), vsubq_s8(hi, eight)]
+        }
+
+        /// An MXFP4 block's 32 values (`quant::MXFP4_VALUES`) as int8:
+        /// elements 0..16 and 16..32, the nibbles looked up with `tbl`.
+        #[inline]
+        pub(crate) fn mxfp4_halves(b: &BlockMxfp4) -> [int8x16_t; 2] {
+            let (table, n) = (ld16(&MXFP4_VALUES), vreinterpretq_u8_s8(ld16(&b.qs)));
+            [vqtbl1q_s8(table, vandq_u8(n, vdupq_n_u8(0x0f))), vqtbl1q_s8(table, vshrq_n_u8::<4>(n))]
         }
 
         /// Σ of the 32 products w·x of one block in four i32 lanes (exact:
@@ -256,6 +266,25 @@ pub mod imp {
         ) -> f32 {
             let n = w.len().min(x.len());
             dot_blocks(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b| q8_halves(w[b].quants()), blk)
+        }
+
+        /// `dot_mxfp4` with `blk(w, x)` as in `dot_q8_with` (weights as their
+        /// looked-up values, the E8M0 scales as f32 bits).
+        #[inline]
+        pub(crate) fn dot_mxfp4_with(
+            w: &[BlockMxfp4],
+            x: ActRef,
+            blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
+        ) -> f32 {
+            let n = w.len().min(x.len());
+            dot_blocks(n, x, false, |b| e8m0_half_bits(w[b].e), |b| mxfp4_halves(&w[b]), blk)
+        }
+
+        /// MXFP4 weights · Q8 activations: the values looked up into int8, then as `dot_q8`.
+        #[inline]
+        pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+            debug_assert_eq!(w.len(), x.len());
+            dot_mxfp4_with(w, x, |a, b| dot32(a, b))
         }
 
         /// `dot_q4` with `blk(w, x)` as in `dot_q8_with` (weights as `nibble − 8`).

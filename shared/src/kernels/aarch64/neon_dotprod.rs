@@ -17,14 +17,14 @@ pub struct NeonDotprod;
 
 impl Kernels for NeonDotprod {
     entry_points!(neon_imp: f32_ops);
-    entry_points!(imp: int8_dots);
+    entry_points!(imp: int8_dots, dot_mxfp4);
     entry_points!(imp: kquant_dots);
 }
 
 pub mod imp {
     use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
-    use super::super::neon::imp::{dot_q4_with, dot_q8_with};
-    use crate::quant::{ActRef, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block};
+    use super::super::neon::imp::{dot_mxfp4_with, dot_q4_with, dot_q8_with};
+    use crate::quant::{ActRef, BlockMxfp4, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block};
     use core::arch::aarch64::*;
     use core::arch::asm;
 
@@ -68,6 +68,15 @@ pub mod imp {
         pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
             dot_q4_with(w, x, |a, b| dot32(a, b))
+        }
+
+        /// MXFP4 weights · Q8 activations: the values looked up into int8
+        /// (`neon::imp::mxfp4_halves`), the block sums with `sdot`. The i8mm
+        /// and SVE builds use it too.
+        #[inline]
+        pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+            debug_assert_eq!(w.len(), x.len());
+            dot_mxfp4_with(w, x, |a, b| dot32(a, b))
         }
 
         /// Q4_K weights · Q8 activations (`kquant`, the products with `sdot`).

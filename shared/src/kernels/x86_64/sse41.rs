@@ -8,10 +8,14 @@ use core::arch::x86_64::*;
 
 use super::sse2::float as sse2_float;
 use super::sse2::int8 as sse2_int8;
-use super::sse2::int8::{bcast4, halves, ld_rows, q4_dot, q8_dot, rows8_sse};
+use super::sse2::int8::{bcast4, halves, ld_rows, mxfp4_dot, q4_dot, q8_dot, rows8_sse};
 use super::sse2::kquant::kquant_dot;
+use super::sse2::ld16;
 use crate::kernels::Kernels;
-use crate::quant::{ActRef, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
+use crate::quant::{
+    ActRef, BlockMxfp4, BlockQ4K, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block,
+    MXFP4_VALUES, QK,
+};
 
 /// The SSSE3 + SSE4.1 kernel set.
 pub struct Sse41;
@@ -21,7 +25,7 @@ impl Kernels for Sse41 {
     const Q8_X8_BIAS: u8 = sse2_int8::Q8_X8_BIAS;
     const INT8_PEAK: &'static str = "pmaddubsw + pmaddwd xmm";
     entry_points!(sse2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
+    entry_points!(self: int8_dots, int8_dots_x4, mxfp4_dots, dot_q4_r8, dot_q8_r8_x4, dot_q4_r8_x4);
     entry_points!(self: kquant_dots, kquant_dots_x4, int8_peak);
     // Eight interleaved Q8 rows, one token: SSE2's even/odd `pmaddwd` kernel
     // measured faster here (SmolLM2 tg128 99 against 80 tokens/s) than |w| ×
@@ -63,6 +67,30 @@ isa_features!(
     pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q8_dot!(1, w, x, |w, x| block_dot(w, x))
+    }
+
+    /// An MXFP4 block's 32 values (`quant::MXFP4_VALUES`) as int8, elements
+    /// 0..16 and 16..32: the nibbles looked up with `pshufb`.
+    #[inline]
+    fn mxfp4_halves(b: &BlockMxfp4) -> (__m128i, __m128i) {
+        let (table, n, low4) = (ld16(&MXFP4_VALUES), ld16(&b.qs), _mm_set1_epi8(0x0f));
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(n, low4));
+        (lo, _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(n), low4)))
+    }
+
+    /// MXFP4 weights · Q8 activations: the values looked up into int8
+    /// (`mxfp4_halves`), then as `dot_q8`.
+    #[inline]
+    pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        mxfp4_dot!(1, w, x, |b| mxfp4_halves(b), |w, x| block_dot(w, x))
+    }
+
+    /// `dot_mxfp4` of one weight row with four activation rows (each result
+    /// bit-identical to `dot_mxfp4`'s).
+    #[inline]
+    pub(crate) fn dot_mxfp4_x4(w: &[BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        mxfp4_dot!(4, w, xs, |b| mxfp4_halves(b), |w, x| block_dot(w, x))
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q − 8·Σq per block (exact).

@@ -6,7 +6,7 @@
 use core::arch::asm;
 
 use crate::kernels::portable::{combine8, f16_bits_to_f32};
-use crate::quant::{ActRef, BlockQ8Act, Q4Block, Q8Block};
+use crate::quant::{e8m0_half_bits, ActRef, BlockMxfp4, BlockQ8Act, Q4Block, Q8Block, MXFP4_VALUES};
 
 /// Blocks whose integer sums one `isums` call computes at most (the stack buffer).
 const CHUNK: usize = 64;
@@ -144,6 +144,58 @@ fn isums_q4<B: Q4Block>(w: &[B], x: &[BlockQ8Act], out: &mut [i32]) {
             out.as_mut_ptr(),
             "vmov.i8 q14, #15\nvmov.i8 q15, #8",
             q4_block!()
+        )
+    }
+}
+
+/// out[k] = Σ_j `MXFP4_VALUES`[code_j]·x[k]_j over w[k]'s codes, exact, for
+/// k < out.len(): the nibbles split as in `q4_block!`, looked up in the
+/// 16-byte table (q13) with `vtbl.8`, then as `q8_block!`; one block a step.
+fn isums_mxfp4(w: &[BlockMxfp4], x: &[BlockQ8Act], out: &mut [i32]) {
+    let n = out.len();
+    assert!(n > 0 && w.len() >= n && x.len() >= n);
+    // SAFETY: the loop reads the 16-byte table, n blocks' 16 code bytes at
+    // stride size_of::<BlockMxfp4>() from w[0].qs and 32 activation quants
+    // at stride ACT_STRIDE from x[0].qs (both slices hold ≥ n blocks,
+    // asserted) and writes n i32 to out; it touches only the declared NEON
+    // registers and the flags; NEON is checked by the start-up guard.
+    unsafe {
+        asm!(
+            "vld1.8 {{d26-d27}}, [{tab}]",
+            "vmov.i8 q14, #15",
+            "2:",
+            "vld1.8 {{d0-d1}}, [{w}], {ws}",
+            "vld1.8 {{d4-d7}}, [{x}], {xs}",
+            "vand q1, q0, q14",
+            "vshr.u8 q0, q0, #4",
+            "vtbl.8 d2, {{d26-d27}}, d2", // elements 0..8
+            "vtbl.8 d3, {{d26-d27}}, d3", // 8..16
+            "vtbl.8 d0, {{d26-d27}}, d0", // 16..24
+            "vtbl.8 d1, {{d26-d27}}, d1", // 24..32
+            "vmull.s8 q8, d2, d4",
+            "vmull.s8 q9, d3, d5",
+            "vmull.s8 q10, d0, d6",
+            "vmull.s8 q11, d1, d7",
+            "vpaddl.s16 q8, q8",
+            "vpadal.s16 q8, q9",
+            "vpadal.s16 q8, q10",
+            "vpadal.s16 q8, q11",
+            "vpadd.i32 d24, d16, d17",
+            "vpadd.i32 d24, d24, d24",
+            "vst1.32 {{d24[0]}}, [{out}]!",
+            "subs {n}, {n}, #1",
+            "bne 2b",
+            tab = in(reg) MXFP4_VALUES.as_ptr(),
+            n = inout(reg) n => _,
+            w = inout(reg) w[0].qs.as_ptr() => _,
+            ws = in(reg) core::mem::size_of::<BlockMxfp4>(),
+            x = inout(reg) x[0].qs.as_ptr() => _,
+            xs = in(reg) ACT_STRIDE,
+            out = inout(reg) out.as_mut_ptr() => _,
+            out("q0") _, out("q1") _, out("q2") _, out("q3") _,
+            out("q8") _, out("q9") _, out("q10") _, out("q11") _,
+            out("q12") _, out("q13") _, out("q14") _,
+            options(nostack),
         )
     }
 }
@@ -315,6 +367,14 @@ pub(crate) fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let (n, xb) = (w.len().min(x.len()), x.blocks());
     scaled_sum(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b0, out| isums_q4(&w[b0..], &xb[b0..], out))
+}
+
+/// MXFP4 weights · Q8 activations: the values looked up into int8, then as `dot_q8`.
+#[inline]
+pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let (n, xb) = (w.len().min(x.len()), x.blocks());
+    scaled_sum(n, x, false, |b| e8m0_half_bits(w[b].e), |b0, out| isums_mxfp4(&w[b0..], &xb[b0..], out))
 }
 
 #[cfg(test)]

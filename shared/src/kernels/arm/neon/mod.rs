@@ -148,5 +148,8 @@ impl Kernels for Armv7Neon {
     fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
         int8::dot_q4(w, x.into())
     }
+    fn dot_mxfp4(w: &[crate::quant::BlockMxfp4], x: ActRef) -> f32 {
+        int8::dot_mxfp4(w, x)
+    }
     entry_points!(kquant: kquant_dots);
 }

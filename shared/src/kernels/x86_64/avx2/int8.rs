@@ -10,7 +10,9 @@ use half::f16;
 
 pub(crate) use super::{hsum, st};
 use crate::kernels::x86_64::sse2::{halves, ld16};
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK, ZERO_Q4, ZERO_Q8};
+use crate::quant::{
+    ActRef, BlockMxfp4, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK, ZERO_Q4, ZERO_Q8,
+};
 
 /// Σ_b (d_w·d_x)·isum_b in `portable`'s order for one weight row and N
 /// activation rows (N = 1: a dot product; N = 4: four tokens of a prompt):
@@ -158,6 +160,15 @@ isa_features!(
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(n), m), _mm_and_si128(n, m))
     }
 
+    /// An MXFP4 block's 32 values (`quant::MXFP4_VALUES`, twice E2M1) as
+    /// int8 lanes in element order: the nibbles looked up with `vpshufb`.
+    #[inline]
+    pub(crate) fn mxfp4_quants(b: &BlockMxfp4) -> __m256i {
+        // SAFETY: MXFP4_VALUES is 16 readable bytes; loadu needs no alignment.
+        let table = unsafe { _mm_loadu_si128(MXFP4_VALUES.as_ptr() as *const __m128i) };
+        _mm256_shuffle_epi8(_mm256_set_m128i(table, table), unpack_nibbles(&b.qs))
+    }
+
     /// Sum of eight i32 lanes (exact).
     #[inline]
     pub(crate) fn hsum_i32(v: __m256i) -> i32 {
@@ -274,9 +285,17 @@ isa_features!(
 /// Q8 weights · Q8 activations for N activation rows (`sum_blocks8_n!`):
 /// |w| × sign(x, w) (activation quants in [-127, 127]), `$pair_dot(|w|,
 /// sign(x, w))` giving a block's exact sums in eight i32 lanes. Shared by
-/// the AVX2 and AVX-512 VNNI kernels.
+/// the AVX2 and AVX-512 VNNI kernels. The `@with` form takes any block of
+/// 32 int8 weights: `|blk| quants` (its quants as one vector), `$f16`, `|blk|
+/// bits` and `|blk| scale` (its scale's bits and value): MXFP4's decoded
+/// values (`mxfp4_quants`) take the same path.
 macro_rules! q8_dot_n {
-    ($n:tt, $w:expr, $xs:expr, $block_dot:expr) => {{
+    ($n:tt, $w:expr, $xs:expr, $block_dot:expr) => {
+        $crate::kernels::x86_64::avx2::int8::q8_dot_n!(@with $n, $w, $xs, $block_dot, B::F16_SCALE,
+            |blk| $crate::kernels::x86_64::avx2::int8::ld32(blk.quants()), |blk| blk.scale_bits(), |blk| blk.scale())
+    };
+    (@with $n:tt, $w:expr, $xs:expr, $block_dot:expr, $f16:expr, |$b1:ident| $load:expr, |$b2:ident| $bits:expr,
+     |$b3:ident| $scale:expr) => {{
         use core::arch::x86_64::*;
         use $crate::kernels::x86_64::avx2::int8::{hsum_i32, ld32, reduce8};
         use $crate::quant::ActRef;
@@ -288,8 +307,13 @@ macro_rules! q8_dot_n {
             $n,
             xs,
             false,
-            B::F16_SCALE,
-            |i, r| unroll!(8, |j| if j < r { ld32(w[i + j].quants()) } else { _mm256_setzero_si256() }),
+            $f16,
+            |i, r| unroll!(8, |j| if j < r {
+                let $b1 = &w[i + j];
+                $load
+            } else {
+                _mm256_setzero_si256()
+            }),
             |wv, x| {
                 reduce8(unroll!(8, |j| if j < r {
                     let (a, b) = (wv[j], ld32(&x.blocks()[i + j].qs));
@@ -298,17 +322,39 @@ macro_rules! q8_dot_n {
                     _mm256_setzero_si256()
                 }))
             },
-            |j| w[i + j].scale_bits(),
+            |j| {
+                let $b2 = &w[i + j];
+                $bits
+            },
             |b, x| (
                 {
-                    let (a, q) = (ld32(w[b].quants()), ld32(&x.blocks()[b].qs));
+                    let $b1 = &w[b];
+                    let (a, q) = ($load, ld32(&x.blocks()[b].qs));
                     hsum_i32(block_dot(_mm256_sign_epi8(a, a), _mm256_sign_epi8(q, a)))
                 },
-                w[b].scale()
+                {
+                    let $b3 = &w[b];
+                    $scale
+                }
             ),
         )
     }};
 }
+
+/// MXFP4 weights · Q8 activations for N activation rows: `q8_dot_n!` of
+/// the decoded values (`mxfp4_quants`) with the E8M0 scales. Shared by the
+/// AVX2 and AVX-512 VNNI kernels.
+macro_rules! mxfp4_dot_n {
+    ($n:tt, $w:expr, $xs:expr, $block_dot:expr) => {{
+        let w: &[$crate::quant::BlockMxfp4] = $w;
+        $crate::kernels::x86_64::avx2::int8::q8_dot_n!(@with $n, w, $xs, $block_dot, false,
+            |blk| $crate::kernels::x86_64::avx2::int8::mxfp4_quants(blk),
+            |blk| $crate::quant::e8m0_half_bits(blk.e),
+            |blk| $crate::quant::e8m0_half(blk.e))
+    }};
+}
+#[allow(unused_imports)] // used by the AVX-512 VNNI build
+pub(crate) use mxfp4_dot_n;
 #[allow(unused_imports)] // used by the AVX-512 VNNI build
 pub(crate) use q8_dot_n;
 
@@ -396,6 +442,21 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
         q8_dot_n!(4, w, xs, |u, s| block_dot(u, s))
+    }
+
+    /// MXFP4 weights · Q8 activations: the values looked up into int8
+    /// (`mxfp4_quants`), then as `dot_q8`.
+    #[inline]
+    pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        mxfp4_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
+    }
+
+    /// `dot_mxfp4` of one weight row with four activation rows, each block
+    /// decoded once (each result bit-identical to `dot_mxfp4`'s).
+    #[inline]
+    pub(crate) fn dot_mxfp4_x4(w: &[BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        mxfp4_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
     /// `dot_q4` of one weight row with four activation rows, the nibbles

@@ -32,7 +32,7 @@ impl Kernels for Avx2 {
     const INT8_PEAK: &'static str = "vpmaddubsw + vpmaddwd ymm";
     const KQUANT_ROWS8: bool = true;
     entry_points!(float: f32_ops, kv_rows);
-    entry_points!(int8: int8_dots, int8_dots_x4, rows8, int8_peak);
+    entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, int8_peak);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
     entry_points!(kquant_rows8: kquant_rows8);
     #[inline]

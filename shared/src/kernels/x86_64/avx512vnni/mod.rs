@@ -15,13 +15,13 @@ use core::arch::x86_64::*;
 mod tiles;
 
 use super::avx2::float as avx2_float;
-use super::avx2::int8::{bcast4, ld_rows, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
+use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
 use super::avx2::kquant_rows8::{q4k_rows8_n, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
-    ActRef, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8, Q4Block,
-    Q8Block,
+    ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8,
+    Q4Block, Q8Block,
 };
 
 /// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
@@ -33,7 +33,7 @@ impl Kernels for Avx512Vnni {
     const INT8_PEAK: &'static str = "vpdpbusd zmm";
     const KQUANT_ROWS8: bool = true;
     entry_points!(avx2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
+    entry_points!(self: int8_dots, int8_dots_x4, mxfp4_dots, rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
     entry_points!(tiles: tiles);
     #[inline]
     fn prefetch(bytes: &[u8]) {
@@ -61,6 +61,21 @@ isa_features!(
     pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
         debug_assert_eq!(w.len(), x.len());
         q8_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
+    }
+
+    /// MXFP4 weights · Q8 activations: the values looked up into int8
+    /// (avx2's `mxfp4_quants`), then as `dot_q8`.
+    #[inline]
+    pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        mxfp4_dot_n!(1, w, [x], |u, s| block_dot(u, s))[0]
+    }
+
+    /// `dot_mxfp4` of one weight row with four activation rows (each result
+    /// bit-identical to `dot_mxfp4`'s).
+    #[inline]
+    pub(crate) fn dot_mxfp4_x4(w: &[BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        mxfp4_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
     /// Q4 weights · Q8 activations: Σ nibble·q (unsigned nibbles straight

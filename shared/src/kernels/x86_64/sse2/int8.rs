@@ -8,7 +8,7 @@ use core::arch::x86_64::*;
 use half::f16;
 
 pub(crate) use super::{cvt_f16x4, halves, hsum, ld16, st};
-use crate::quant::{ActRef, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
+use crate::quant::{ActRef, BlockMxfp4, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, QK};
 
 /// Σ_i (d_w·d_x)·isum_i in `portable`'s order: block i into lane i % 8 of
 /// two 4-lane accumulators (multiply then add), combined as
@@ -473,8 +473,16 @@ isa_features!(
 /// block's exact sums in four i32 lanes) and `$nib_dot(low nibbles, high
 /// nibbles, activation block)` (a Q4 block's Σ nibble·q likewise).
 macro_rules! q8_dot {
-    (1, $w:expr, $x:expr, $block_dot:expr) => {{
-        use $crate::kernels::x86_64::sse2::int8::{halves, hsum_i32, reduce8};
+    ($n:tt, $w:expr, $x:expr, $block_dot:expr) => {
+        $crate::kernels::x86_64::sse2::int8::q8_dot!(@with $n, $w, $x, $block_dot, B::F16_SCALE,
+            |blk| $crate::kernels::x86_64::sse2::int8::halves(blk.quants()), |blk| blk.scale_bits(), |blk| blk.scale())
+    };
+    // Any block of 32 int8 weights: `|blk| halves` (its quants as two
+    // vectors), `$f16`, `|blk| bits` and `|blk| scale` (its scale's bits and
+    // value), so MXFP4's decoded values take the same path (`mxfp4_dot!`).
+    (@with 1, $w:expr, $x:expr, $block_dot:expr, $f16:expr, |$b1:ident| $load:expr, |$b2:ident| $bits:expr,
+     |$b3:ident| $scale:expr) => {{
+        use $crate::kernels::x86_64::sse2::int8::{hsum_i32, reduce8};
         let w = $w;
         let x: ActRef = $x;
         let x = x.range(0, w.len().min(x.len()));
@@ -482,14 +490,30 @@ macro_rules! q8_dot {
         $crate::kernels::x86_64::sse2::int8::sum_blocks8!(
             x,
             false,
-            B::F16_SCALE,
-            |i| reduce8(unroll!(8, |j| block_dot(halves(w[i + j].quants()), &x.blocks()[i + j].qs))),
-            |j| w[i + j].scale_bits(),
-            |b| (hsum_i32(block_dot(halves(w[b].quants()), &x.blocks()[b].qs)), w[b].scale()),
+            $f16,
+            |i| reduce8(unroll!(8, |j| {
+                let $b1 = &w[i + j];
+                block_dot($load, &x.blocks()[i + j].qs)
+            })),
+            |j| {
+                let $b2 = &w[i + j];
+                $bits
+            },
+            |b| (
+                {
+                    let $b1 = &w[b];
+                    hsum_i32(block_dot($load, &x.blocks()[b].qs))
+                },
+                {
+                    let $b3 = &w[b];
+                    $scale
+                }
+            ),
         )
     }};
-    (4, $w:expr, $xs:expr, $block_dot:expr) => {{
-        use $crate::kernels::x86_64::sse2::int8::{halves, hsum_i32, reduce4};
+    (@with 4, $w:expr, $xs:expr, $block_dot:expr, $f16:expr, |$b1:ident| $load:expr, |$b2:ident| $bits:expr,
+     |$b3:ident| $scale:expr) => {{
+        use $crate::kernels::x86_64::sse2::int8::{hsum_i32, reduce4};
         let w = $w;
         let xs: [ActRef; 4] = $xs;
         let xs = unroll!(4, |t| xs[t].range(0, w.len().min(xs[t].len())));
@@ -497,16 +521,46 @@ macro_rules! q8_dot {
         $crate::kernels::x86_64::sse2::int8::sum_blocks8_x4!(
             xs,
             false,
-            B::F16_SCALE,
-            |i, h| unroll!(4, |j| halves(w[i + 4 * h + j].quants())),
+            $f16,
+            |i, h| unroll!(4, |j| {
+                let $b1 = &w[i + 4 * h + j];
+                $load
+            }),
             |wv, x| reduce4(unroll!(4, |j| block_dot(wv[j], &x.blocks()[i + 4 * h + j].qs))),
-            |j| w[i + j].scale_bits(),
-            |b, x| (hsum_i32(block_dot(halves(w[b].quants()), &x.blocks()[b].qs)), w[b].scale()),
+            |j| {
+                let $b2 = &w[i + j];
+                $bits
+            },
+            |b, x| (
+                {
+                    let $b1 = &w[b];
+                    hsum_i32(block_dot($load, &x.blocks()[b].qs))
+                },
+                {
+                    let $b3 = &w[b];
+                    $scale
+                }
+            ),
         )
     }};
 }
 #[allow(unused_imports)] // used by the SSE4.1 build
 pub(crate) use q8_dot;
+
+/// MXFP4 weights · Q8 activations for one token or four: `q8_dot!` of the
+/// values `$decode(block)` gives (two vectors of int8, elements 0..16 and
+/// 16..32) with the E8M0 scales. Shared by the SSE2 and SSE4.1 kernels,
+/// which decode differently (arithmetic, or a `pshufb` table).
+macro_rules! mxfp4_dot {
+    ($n:tt, $w:expr, $x:expr, $decode:expr, $block_dot:expr) => {{
+        let w: &[$crate::quant::BlockMxfp4] = $w;
+        let decode = $decode;
+        $crate::kernels::x86_64::sse2::int8::q8_dot!(@with $n, w, $x, $block_dot, false, |blk| decode(blk),
+            |blk| $crate::quant::e8m0_half_bits(blk.e), |blk| $crate::quant::e8m0_half(blk.e))
+    }};
+}
+#[allow(unused_imports)] // used by the SSE4.1 build
+pub(crate) use mxfp4_dot;
 
 /// See `q8_dot!`.
 macro_rules! q4_dot {
@@ -566,6 +620,39 @@ isa_features!(
     fn block_dot(w: (__m128i, __m128i), x: &[i8; QK]) -> __m128i {
         let (x0, x1) = halves(x);
         _mm_add_epi32(madd_i8(w.0, x0), madd_i8(w.1, x1))
+    }
+
+    /// An MXFP4 block's 32 values (`quant::MXFP4_VALUES`) as int8, elements
+    /// 0..16 and 16..32, without a byte shuffle: magnitude code m gives m +
+    /// max(m − 4, 0) + (2 if m = 7) (0, 1, 2, 3, 4, 6, 8, 12), negated where
+    /// the sign bit is set.
+    #[inline]
+    pub(crate) fn mxfp4_halves(b: &BlockMxfp4) -> (__m128i, __m128i) {
+        let n = ld16(&b.qs);
+        let low4 = _mm_set1_epi8(0x0f);
+        let value = |nib: __m128i| {
+            let m = _mm_and_si128(nib, _mm_set1_epi8(7));
+            let seven = _mm_and_si128(_mm_cmpeq_epi8(m, _mm_set1_epi8(7)), _mm_set1_epi8(2));
+            let v = _mm_add_epi8(_mm_add_epi8(m, _mm_subs_epu8(m, _mm_set1_epi8(4))), seven);
+            let neg = _mm_cmpeq_epi8(_mm_and_si128(nib, _mm_set1_epi8(8)), _mm_set1_epi8(8));
+            _mm_sub_epi8(_mm_xor_si128(v, neg), neg)
+        };
+        (value(_mm_and_si128(n, low4)), value(_mm_and_si128(_mm_srli_epi16::<4>(n), low4)))
+    }
+
+    /// MXFP4 weights · Q8 activations: the values decoded into int8
+    /// (`mxfp4_halves`), then as `dot_q8`.
+    #[inline]
+    pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
+        debug_assert_eq!(w.len(), x.len());
+        mxfp4_dot!(1, w, x, |b| mxfp4_halves(b), |w, x| block_dot(w, x))
+    }
+
+    /// `dot_mxfp4` of one weight row with four activation rows, each block
+    /// decoded once (each result bit-identical to `dot_mxfp4`'s).
+    #[inline]
+    pub(crate) fn dot_mxfp4_x4(w: &[BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        mxfp4_dot!(4, w, xs, |b| mxfp4_halves(b), |w, x| block_dot(w, x))
     }
 
     /// Σ nibble·q of a Q4 block in four i32 lanes (exact).

@@ -34,7 +34,7 @@ impl Kernels for Sse2 {
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
     const INT8_PEAK: &'static str = "pmaddwd xmm on i16";
     entry_points!(float: f32_ops, kv_rows);
-    entry_points!(int8: int8_dots, int8_dots_x4, rows8, int8_peak);
+    entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, int8_peak);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
 }
 
