@@ -324,9 +324,10 @@ def families_q8(tmp_path_factory):
             ids = json.loads((src / "reference.json").read_text())["input_ids"]
             families[src.name] = (mlb, ",".join(map(str, ids)))
     # MXFP4 experts kept as they are (the MXFP4 kernels of every build), the rest Q8_0
-    mlb = out / "qwen3moe-mxfp4.mlb"
-    import_model(GGUF_TINY / "qwen3moe" / "model-mxfp4.gguf", mlb)
-    families["qwen3moe-mxfp4"] = (mlb, families["qwen3moe"][1])
+    for name in ("qwen3moe", "gptoss"):
+        mlb = out / f"{name}-mxfp4.mlb"
+        import_model(GGUF_TINY / name / "model-mxfp4.gguf", mlb)
+        families[f"{name}-mxfp4"] = (mlb, families[name][1])
     return families
 
 

@@ -1,5 +1,5 @@
 """The families Krafla reads from GGUF files (Mixture-of-Experts: Qwen3-MoE, Qwen2-MoE, Mixtral,
-Qwen3.5-MoE; Qwen3.5 as llama.cpp writes it; Phi-3 / Phi-4-mini), against transformers' own logits (float64):
+Qwen3.5-MoE, gpt-oss; Qwen3.5 as llama.cpp writes it; Phi-3 / Phi-4-mini), against transformers' own logits (float64):
 tiny random models built by transformers' classes and converted by llama.cpp's
 convert_hf_to_gguf.py (tools/make_gguf_fixtures.py made tests/fixtures/gguf-tiny/). Their
 cross-build byte identity is in test_arm.py / test_armv7.py (conftest.families_q8)."""
@@ -40,9 +40,10 @@ def greedy_of(model, ids, n, *extra):
 
 
 def test_the_fixtures_are_there():
-    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35", "qwen35moe", "phi3"} <= set(NAMES)
+    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35", "qwen35moe", "phi3", "gptoss"} <= set(NAMES)
     assert LONG == ["phi3"]
-    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35moe"} <= set(MOE)
+    assert {"qwen3moe", "qwen2moe", "mixtral", "qwen35moe", "gptoss"} <= set(MOE)
+    assert all((GGUF_TINY / n / "model-mxfp4.gguf").exists() for n in MXFP4_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,7 +92,7 @@ def test_logits_identical_across_threads_and_batch_sizes(name, qtype, tmp_path):
         assert other == base, f"{name} {qtype}: logits differ at -t {threads} --batch {batch}"
 
 
-# Measured q8_0 argmax agreement: qwen3moe 100 %, mixtral 96 %, qwen2moe 92 %, qwen35 83 %,
+# Measured q8_0 argmax agreement: qwen3moe 100 %, mixtral 96 %, qwen2moe 92 %, gptoss 92 %, qwen35 83 %,
 # qwen35moe 67 % (its f16 conversion: 100 %, max |diff| 0.10). The random fixtures' logits are very
 # sensitive (test_forward.py says why), the DeltaNet recurrence carries Q8_0's noise along the
 # prompt, and a router's choice is discrete: noise that swaps a token's second and third expert
@@ -139,10 +140,16 @@ def test_routing_follows_the_router(name, tmp_path):
                         order = rng.permutation(n)
                     layer = tname[: -len("ffn_gate_inp.weight")]
                     data[...] = data[order].copy()
+                    # (a router bias, gpt-oss's, is the router's: it moves with its rows)
+                    if f"{layer}ffn_gate_inp.bias" in tensors:
+                        bias = tensors[f"{layer}ffn_gate_inp.bias"]
+                        bias[...] = bias[order].copy()
                     if also_experts:
                         for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-                            exps = tensors[f"{layer}{kind}.weight"]
-                            exps[...] = exps[order].copy()
+                            for part in (".weight", ".bias"):
+                                if f"{layer}{kind}{part}" in tensors:
+                                    exps = tensors[f"{layer}{kind}{part}"]
+                                    exps[...] = exps[order].copy()
         return edit
 
     renumbered = edited(name, tmp_path / "renumbered.gguf", permute(True))
@@ -152,31 +159,36 @@ def test_routing_follows_the_router(name, tmp_path):
     assert np.abs(got - want).max() > 1e-2, "the logits did not change when the tokens went to other experts"
 
 
-MXFP4 = GGUF_TINY / "qwen3moe" / "model-mxfp4.gguf"
+MXFP4_NAMES = ["qwen3moe", "gptoss"]
 
 
-def test_mxfp4_experts_run_in_place_near_their_dequantised_values(tmp_path):
-    """The Qwen3-MoE fixture as llama-quantize's MXFP4_MOE writes it (experts MXFP4, the rest
-    Q8_0), run as it is (the MXFP4 and Q8_0 kernels), against the same file converted to f32
-    (Krafla's `dequant_mxfp4`, exact): only the activations' int8 quantisation differs.
-    Measured: max |diff| 0.29 (logits up to 8.8), argmax 92 %: on these random fixtures one
+@pytest.mark.parametrize("name", MXFP4_NAMES)
+def test_mxfp4_experts_run_in_place_near_their_dequantised_values(name, tmp_path):
+    """The Qwen3-MoE and gpt-oss fixtures as llama-quantize's MXFP4_MOE writes them (experts
+    MXFP4, the rest Q8_0), run as they are (the MXFP4 and Q8_0 kernels), against the same file
+    converted to f32 (Krafla's `dequant_mxfp4`, exact): only the activations' int8 quantisation
+    differs. Measured: max |diff| 0.29 and 0.44 (logits up to 8.8 and 8.1), argmax 92 % and
+    88 %: on these random fixtures one
     expert swapped by the router's noise moves a token's logits by a whole expert (see the q8_0
     test above). The kernels' exactness is in kernels/tests_mxfp4.rs; the 4-bit experts
-    themselves are far from the unquantised model (argmax 50 % against transformers)."""
-    ids, want, _ = reference("qwen3moe")
-    got = logits_of(MXFP4, ids, tmp_path).reshape(want.shape)
-    deq = logits_of(MXFP4, ids, tmp_path, "--type", "f32", "--requantize").reshape(want.shape)
+    themselves are far from the unquantised model (Qwen3-MoE: argmax 50 % against transformers)."""
+    ids, want, _ = reference(name)
+    model = GGUF_TINY / name / "model-mxfp4.gguf"
+    got = logits_of(model, ids, tmp_path).reshape(want.shape)
+    deq = logits_of(model, ids, tmp_path, "--type", "f32", "--requantize").reshape(want.shape)
     diff = np.abs(got - deq).max()
     assert diff <= 0.6, f"MXFP4 in place vs dequantised: max |diff| {diff:.3f}"
     agree = float(np.mean(got.argmax(1) == deq.argmax(1)))
     assert agree >= 0.8, f"MXFP4 in place vs dequantised: argmax agrees at {agree:.0%}"
 
 
-def test_mxfp4_logits_identical_across_threads_and_batch_sizes(tmp_path):
-    ids, _, _ = reference("qwen3moe")
-    base = logits_of(MXFP4, ids, tmp_path, "-t", "1", "--batch", "512").tobytes()
+@pytest.mark.parametrize("name", MXFP4_NAMES)
+def test_mxfp4_logits_identical_across_threads_and_batch_sizes(name, tmp_path):
+    ids, _, _ = reference(name)
+    model = GGUF_TINY / name / "model-mxfp4.gguf"
+    base = logits_of(model, ids, tmp_path, "-t", "1", "--batch", "512").tobytes()
     for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 4)]:
-        other = logits_of(MXFP4, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
+        other = logits_of(model, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
         assert other == base, f"MXFP4: logits differ at -t {threads} --batch {batch}"
 
 

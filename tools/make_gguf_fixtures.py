@@ -76,6 +76,17 @@ def models():
                              "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                              "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0],
                              "original_max_position_embeddings": 512})),
+        # gpt-oss: 4 experts, top 2 then softmax, router and expert biases, the clamped SwiGLU,
+        # attention sinks, q/k/v/o biases, sliding (window 8) and full layers alternating, YaRN
+        # RoPE (transformers' untruncated ramp); its experts' gate and up weights tripled (`make`) so
+        # that the SwiGLU's clamps at 7 act
+        "gptoss": (tf.GptOssConfig, tf.GptOssForCausalLM, dict(
+            COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=32, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 64,
+                             "rope_theta": 150000.0})),
     }
 
 
@@ -119,6 +130,10 @@ def make(name, llama_cpp):
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     model = model_class(config).eval().float()
+    if name == "gptoss":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.experts.gate_up_proj.mul_(3.0)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
         model.save_pretrained(src)
@@ -144,8 +159,9 @@ def make(name, llama_cpp):
                    "made in float32), eager attention and experts; GGUF by llama.cpp 0c1e570 "
                    "convert_hf_to_gguf.py --outtype f32",
     }
-    original = (kw.get("rope_parameters") or {}).get("original_max_position_embeddings")
-    if original:
+    rope = kw.get("rope_parameters") or {}
+    original = rope.get("original_max_position_embeddings")
+    if original and rope.get("rope_type") == "longrope":
         # LongRoPE: transformers takes the short factors up to the original context (the
         # reference above; Krafla and llama.cpp: a context of at most that, `args`), the long
         # ones for a longer sequence: its last 8 positions' logits are `long_logits`
@@ -159,16 +175,16 @@ def make(name, llama_cpp):
     print(f"{name}: {dest}, logits {np.abs(logits).max():.2f} max")
 
 
-def mxfp4(llama_cpp):
-    """qwen3moe/model-mxfp4.gguf: the Qwen3-MoE fixture through llama.cpp's own `llama-quantize
-    ... MXFP4_MOE` (experts in MXFP4, the other matrices Q8_0), for the MXFP4 tests; the tool
-    from the build tools/bench_llamacpp.sh makes (LLAMA_QUANTIZE, else build-avx2 beside the sdist)."""
+def mxfp4(llama_cpp, name):
+    """NAME/model-mxfp4.gguf: the fixture through llama.cpp's own `llama-quantize ... MXFP4_MOE`
+    (experts in MXFP4, the other matrices Q8_0), for the MXFP4 tests; the tool from the build
+    tools/bench_llamacpp.sh makes (LLAMA_QUANTIZE, else build-avx2 beside the sdist)."""
     import os
     import subprocess
     default = llama_cpp.parents[2] / "build-avx2" / "bin" / "llama-quantize"
     tool = os.environ.get("LLAMA_QUANTIZE", str(default))
-    subprocess.run([tool, str(OUT / "qwen3moe" / "model.gguf"), str(OUT / "qwen3moe" / "model-mxfp4.gguf"),
-                    "MXFP4_MOE"], check=True)
+    subprocess.run([tool, str(OUT / name / "model.gguf"), str(OUT / name / "model-mxfp4.gguf"), "MXFP4_MOE"],
+                   check=True)
 
 
 def main():
@@ -176,8 +192,9 @@ def main():
     names = sys.argv[2:] or list(models())
     for name in names:
         make(name, llama_cpp)
-    if "qwen3moe" in names:
-        mxfp4(llama_cpp)
+    for name in ("qwen3moe", "gptoss"):
+        if name in names:
+            mxfp4(llama_cpp, name)
 
 
 if __name__ == "__main__":

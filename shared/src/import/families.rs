@@ -65,6 +65,9 @@ pub struct Family {
     pub expert_weights_norm: bool,
     /// GGUF stores q/k/v as one `attn_qkv` and gate/up as one `ffn_up` (Phi-3).
     pub fused: bool,
+    /// gpt-oss: the clamped SwiGLU, `post_attention_norm` as the
+    /// feed-forward norm, YaRN without truncation (its config's).
+    pub oai_moe: bool,
 }
 
 const BASE: Family = Family {
@@ -84,6 +87,7 @@ const BASE: Family = Family {
     local_rope_theta: None,
     expert_weights_norm: false,
     fused: false,
+    oai_moe: false,
 };
 
 pub const FAMILIES: &[Family] = &[
@@ -177,6 +181,9 @@ pub const FAMILIES: &[Family] = &[
     },
     // Phi-3 / Phi-4-mini: LongRoPE from the file's factors (gguf.rs)
     Family { arch: "phi3", gguf_arch: "phi3", fused: true, ..BASE },
+    // gpt-oss: sliding (even) and full layers alternating, attention sinks,
+    // biases everywhere, experts in MXFP4 (from GGUF only, as the other MoE families)
+    Family { arch: "gpt_oss", gguf_arch: "gpt-oss", layers: Layers::Periodic(2), oai_moe: true, ..BASE },
     // karpathy/llama2.c checkpoints: plain Llama 2 blocks
     Family { arch: "llama2c", ..BASE },
 ];
@@ -219,6 +226,9 @@ impl Family {
         }
         if self.attn_output_gate {
             m.push(("attn_output_gate", MetaValue::Int(1)));
+        }
+        if self.oai_moe {
+            m.push(("ffn_act", MetaValue::Str("swiglu_oai".into())));
         }
         m
     }
@@ -282,6 +292,7 @@ mod tests {
         assert_eq!(from_hf(Some("llava_like"), &["Bar"]).map(|f| f.arch), None);
         assert_eq!(from_gguf("gemma3").unwrap().arch, "gemma3");
         assert_eq!(from_gguf("qwen35moe").unwrap().arch, "qwen3_5_moe");
+        assert_eq!(from_gguf("gpt-oss").unwrap().arch, "gpt_oss");
         // llama2.c has no GGUF name: an empty one matches nothing
         assert!(from_gguf("qwen3_5").is_none() && from_gguf("").is_none() && from_gguf("llama2c").is_none());
     }

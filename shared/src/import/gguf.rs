@@ -37,6 +37,7 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_up_shexp", "ffn_up_shexp"),
     ("ffn_down_shexp", "ffn_down_shexp"),
     ("ffn_gate_inp_shexp", "ffn_gate_inp_shexp"),
+    ("attn_sinks", "attn_sinks"),
 ];
 
 /// Tensors every layer has (`.mlb` names), then those of its mixer
@@ -69,6 +70,21 @@ const LINEAR_NAMES: &[(&str, &str)] = &[
     ("ssm_out", "ssm_out"),
     ("post_attention_norm", "ffn_norm"),
 ];
+
+/// gpt-oss's GGUF names that mean something else in other families: its
+/// pre-feed-forward norm is `post_attention_norm`.
+const OAI_NAMES: &[(&str, &str)] = &[("post_attention_norm", "ffn_norm")];
+
+/// The family's own GGUF → `.mlb` names, looked up before `LAYER_NAMES`.
+fn family_names(family: &Family) -> &'static [(&'static str, &'static str)] {
+    if family.linear_attention {
+        LINEAR_NAMES
+    } else if family.oai_moe {
+        OAI_NAMES
+    } else {
+        &[]
+    }
+}
 
 /// The `.mlb` model of a GGUF file, converted by `opts`' rules.
 pub fn import_model(g: Gguf, opts: &ImportOptions) -> Result<Mlb, Fault> {
@@ -221,11 +237,25 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
             meta.push(("rope_dim".into(), count(rd)));
         }
     }
-    if get("rope.scaling.type").and_then(|v| v.as_str()) == Some("linear") {
-        if let Some(factor) = nonzero("rope.scaling.factor")? {
-            meta.push(("rope_scaling".into(), MetaValue::Str("linear".into())));
-            meta.push(("rope_scaling_factor".into(), MetaValue::Float(factor)));
+    match get("rope.scaling.type").and_then(|v| v.as_str()) {
+        Some("linear") => {
+            if let Some(factor) = nonzero("rope.scaling.factor")? {
+                meta.push(("rope_scaling".into(), MetaValue::Str("linear".into())));
+                meta.push(("rope_scaling_factor".into(), MetaValue::Float(factor)));
+            }
         }
+        // (llama.cpp's own YaRN keys; its attention factor 0.1·ln(factor) + 1 is the model's default)
+        Some("yarn") => {
+            meta.push(("rope_scaling".into(), MetaValue::Str("yarn".into())));
+            meta.push(("rope_scaling_factor".into(), MetaValue::Float(float("rope.scaling.factor", 1.0)?)));
+            meta.push(("rope_original_context".into(), count(int("rope.scaling.original_context_length", None)?)));
+            meta.push(("rope_yarn_beta_fast".into(), MetaValue::Float(float("rope.scaling.yarn_beta_fast", 32.0)?)));
+            meta.push(("rope_yarn_beta_slow".into(), MetaValue::Float(float("rope.scaling.yarn_beta_slow", 1.0)?)));
+            if family.oai_moe {
+                meta.push(("rope_yarn_truncate".into(), MetaValue::Int(0)));
+            }
+        }
+        _ => {}
     }
     if let Some(t) = g.tensor("rope_freqs.weight") {
         // llama.cpp's form of llama3 RoPE scaling: one divisor per frequency
@@ -238,8 +268,15 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
         let original = int("rope.scaling.original_context_length", None)?;
         meta.push(("rope_long_context".into(), count(original)));
     }
-    if let Some(factor) = nonzero("rope.scaling.attn_factor")? {
-        meta.push(("rope_attn_factor".into(), MetaValue::Float(factor)));
+    if let Some(attn) = nonzero("rope.scaling.attn_factor")? {
+        // (llama.cpp multiplies YaRN's own factor by it)
+        let yarn = match get("rope.scaling.type").and_then(|v| v.as_str()) {
+            Some("yarn") => {
+                Some(float("rope.scaling.factor", 1.0)?).filter(|&f| f > 1.0).map_or(1.0, |f| 0.1 * f.ln() + 1.0)
+            }
+            _ => 1.0,
+        };
+        meta.push(("rope_attn_factor".into(), MetaValue::Float(attn * yarn)));
     }
     for (k, gk) in [("bos_id", "tokenizer.ggml.bos_token_id"), ("eos_id", "tokenizer.ggml.eos_token_id")] {
         if let Some(v) = g.get(gk) {
@@ -366,6 +403,8 @@ fn experts_metadata(g: &Gguf, ga: &str, family: &Family, f: u64) -> Result<Metad
     }
     // llama.cpp's gating function (1 softmax, 3 softmax of the chosen) and normalisation
     match get("expert_gating_func").map(|v| v.as_i64()) {
+        // (llama.cpp fixes gpt-oss's: the top k logits, then their softmax)
+        None if family.oai_moe => m.push(("expert_gating".into(), MetaValue::Str("softmax_selected".into()))),
         None | Some(Some(1)) => {}
         Some(Some(3)) => m.push(("expert_gating".into(), MetaValue::Str("softmax_selected".into()))),
         Some(v) => return Err(format!("unsupported expert_gating_func {v:?} (Krafla has softmax, 1, and 3)")),
@@ -453,7 +492,7 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<Planned<'g>>, Strin
                 }
                 continue;
             }
-            let linear = if family.linear_attention { LINEAR_NAMES } else { &[] };
+            let linear = family_names(family);
             let mapped = linear.iter().chain(LAYER_NAMES).find(|(g, _)| *g == base).map(|(_, m)| m);
             let (Some(mapped), "weight" | "bias") = (mapped, kind) else {
                 return Err(format!("unexpected tensor blk.{i}.{n:?} for arch {}", family.gguf_arch));
@@ -480,7 +519,7 @@ fn tensor_plan<'g>(g: &'g Gguf, heads: &Heads) -> Result<Vec<Planned<'g>>, Strin
 
 /// The GGUF name of a layer tensor's `.mlb` name in `family` (for errors).
 fn gguf_name(family: &Family, mlb: &str) -> String {
-    let linear = if family.linear_attention { LINEAR_NAMES } else { &[] };
+    let linear = family_names(family);
     let (base, suffix) = match mlb.strip_suffix("_bias") {
         Some(base) => (base, ".bias"),
         None if mlb == "ssm_a_neg_exp" => (mlb, ""),

@@ -72,7 +72,7 @@ impl Model {
         }
         let window = if sliding { c.sliding_window } else { 0 };
         let mut att = vec![0.0f32; n_tok * c.q_dim()];
-        attention(c, &queries, &spans, window, &mut att);
+        attention(c, &queries, &spans, window, w.sinks.as_deref(), &mut att);
         if c.attn_output_gate {
             for (a, g) in att.iter_mut().zip(&gates) {
                 *a *= 1.0 / (1.0 + libm::expf(-*g));
@@ -80,6 +80,7 @@ impl Model {
         }
         self.record(l, &["attn_o"], &att, c.q_dim());
         matmul(&self.mat(&w.o), &Input::new(&att, c.q_dim()), out);
+        add_bias_rows(out, w.o_bias.as_deref());
         carry_non_finite(&att, c.q_dim(), out, c.hidden_size);
     }
 }
@@ -122,8 +123,10 @@ struct Span<'a> {
 
 /// Causal (optionally windowed) multi-head attention of T new queries, each
 /// over its own sequence's cache (`spans`, in row order); writes [T][H·hd].
-/// One task per (token, head): fixed order inside.
-fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, out: &mut [f32]) {
+/// With `sinks` (one logit per head), each head's softmax takes its sink
+/// as one more score, last, whose value is nothing: the weights sum to
+/// less than one. One task per (token, head): fixed order inside.
+fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
     let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
     let n_tok = q.len() / (c.n_heads * hd);
@@ -138,17 +141,21 @@ fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, out: &mut [f3
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
         let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
         let kv_off = (h / group) * hd;
-        let mut scores = vec![0.0f32; pos + 1 - first];
-        kv.scores(slot, first, kv_off, &query, &mut scores);
-        for s in scores.iter_mut() {
+        let n = pos + 1 - first;
+        let mut scores = vec![0.0f32; n + sinks.is_some() as usize];
+        kv.scores(slot, first, kv_off, &query, &mut scores[..n]);
+        for s in scores[..n].iter_mut() {
             *s *= c.query_scale;
             if c.attn_softcap > 0.0 {
                 *s = c.attn_softcap * libm::tanhf(*s / c.attn_softcap);
             }
         }
+        if let Some(sinks) = sinks {
+            scores[n] = sinks[h];
+        }
         Arch::softmax(&mut scores);
         o.fill(0.0);
         let mut scratch = vec![0.0f32; hd];
-        kv.accumulate_values(slot, first, kv_off, &scores, o, &mut scratch);
+        kv.accumulate_values(slot, first, kv_off, &scores[..n], o, &mut scratch);
     });
 }

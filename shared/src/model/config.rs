@@ -14,10 +14,16 @@ pub enum LayerKind {
     DeltaNet,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     Silu,
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, ±limit),
+    /// (u + 1)·g·sigmoid(alpha·g).
+    SwigluOai {
+        alpha: f32,
+        limit: f32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,7 +175,7 @@ impl Config {
         let positive = |v: f64| v > 0.0;
 
         let arch_name = f.require_str("arch")?.to_string();
-        const KNOWN: [&str; 13] = [
+        const KNOWN: [&str; 14] = [
             "llama",
             "mistral",
             "qwen2",
@@ -183,6 +189,7 @@ impl Config {
             "qwen3moe",
             "qwen3_5_moe",
             "phi3",
+            "gpt_oss",
         ];
         if !KNOWN.contains(&arch_name.as_str()) {
             return Err(format!("{p}: unknown architecture '{arch_name}'"));
@@ -206,6 +213,10 @@ impl Config {
         let activation = match f.get_str("ffn_act")?.unwrap_or("silu") {
             "silu" => Activation::Silu,
             "gelu_tanh" => Activation::GeluTanh,
+            "swiglu_oai" => Activation::SwigluOai {
+                alpha: float_in("swiglu_alpha", 1.702, positive, "a positive number")? as f32,
+                limit: float_in("swiglu_limit", 7.0, positive, "a positive number")? as f32,
+            },
             other => return Err(format!("{p}: unknown ffn_act '{other}'")),
         };
         let rope_style = match f.get_str("rope_style")?.unwrap_or("half") {
@@ -224,8 +235,19 @@ impl Config {
             return Err(format!("{p}: rope_theta must be a finite number above 1"));
         }
         let mut inv_freq_global = rope_inv_freq(theta, rope_dim);
-        let inv_freq_local = rope_inv_freq(local_theta, rope_dim);
+        let mut inv_freq_local = rope_inv_freq(local_theta, rope_dim);
         let factor = float_in("rope_scaling_factor", 1.0, positive, "a positive number")?;
+        let original_context = || -> Result<f64, String> {
+            let original = opt_int("rope_original_context", 8192)?;
+            if !(1..=LIMIT_CONTEXT).contains(&original) {
+                return Err(format!(
+                    "{p}: metadata 'rope_original_context' = {original} is outside 1..={LIMIT_CONTEXT}"
+                ));
+            }
+            Ok(original as f64)
+        };
+        // YaRN's attention factor (0.1·ln(factor) + 1) unless the file gives its own
+        let mut yarn_attn_factor = 1.0;
         match f.get_str("rope_scaling")?.unwrap_or("none") {
             "none" => {}
             "linear" => inv_freq_global.iter_mut().for_each(|v| *v = (*v as f64 / factor) as f32),
@@ -235,13 +257,26 @@ impl Config {
                 if high <= low {
                     return Err(format!("{p}: rope_high_freq_factor {high} must be above rope_low_freq_factor {low}"));
                 }
-                let original = opt_int("rope_original_context", 8192)?;
-                if !(1..=LIMIT_CONTEXT).contains(&original) {
-                    return Err(format!(
-                        "{p}: metadata 'rope_original_context' = {original} is outside 1..={LIMIT_CONTEXT}"
-                    ));
+                llama3_scale(&mut inv_freq_global, factor, low, high, original_context()?)
+            }
+            // (both tables: gpt-oss's sliding layers rotate as its full ones)
+            "yarn" => {
+                let yarn = Yarn {
+                    factor,
+                    original_context: original_context()?,
+                    beta_fast: float_in("rope_yarn_beta_fast", 32.0, positive, "a positive number")?,
+                    beta_slow: float_in("rope_yarn_beta_slow", 1.0, positive, "a positive number")?,
+                    truncate: match opt_int("rope_yarn_truncate", 1)? {
+                        0 => false,
+                        1 => true,
+                        v => return Err(format!("{p}: metadata 'rope_yarn_truncate' = {v} must be 0 or 1")),
+                    },
+                };
+                yarn.scale(&mut inv_freq_global, theta, rope_dim);
+                yarn.scale(&mut inv_freq_local, local_theta, rope_dim);
+                if factor > 1.0 {
+                    yarn_attn_factor = 0.1 * factor.ln() + 1.0;
                 }
-                llama3_scale(&mut inv_freq_global, factor, low, high, original as f64)
             }
             other => return Err(format!("{p}: unknown rope_scaling '{other}'")),
         }
@@ -265,7 +300,7 @@ impl Config {
                 "{p}: metadata 'rope_long_context' = {rope_long_context} is outside 1..={LIMIT_CONTEXT}"
             ));
         }
-        let rope_attn_factor = float_in("rope_attn_factor", 1.0, positive, "a positive number")? as f32;
+        let rope_attn_factor = float_in("rope_attn_factor", yarn_attn_factor, positive, "a positive number")? as f32;
 
         let per_layer = |key: &str, default: i64| -> Result<Vec<i64>, String> {
             match f.get_int_array(key)? {
@@ -390,6 +425,43 @@ impl Config {
 /// inv_freq[i] = 1 / theta^(2i / d), computed as transformers does (f32 result).
 fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
     (0..dim / 2).map(|i| (1.0 / libm::pow(theta, (2 * i) as f64 / dim as f64)) as f32).collect()
+}
+
+/// YaRN RoPE scaling as transformers computes it: each frequency blended
+/// between itself (extrapolated, the high frequencies) and itself / factor
+/// (interpolated, the low ones) by a linear ramp over the dimensions whose
+/// wavelengths turn `beta_fast` .. `beta_slow` times in the original context;
+/// `truncate`: the ramp's ends rounded out to whole dimensions (transformers'
+/// default, and llama.cpp's always; gpt-oss's config turns it off).
+struct Yarn {
+    factor: f64,
+    original_context: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    truncate: bool,
+}
+
+impl Yarn {
+    fn scale(&self, inv_freq: &mut [f32], theta: f64, dim: usize) {
+        let d = dim as f64;
+        let corr = |rotations: f64| {
+            d * (self.original_context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (corr(self.beta_fast), corr(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        for (i, f) in inv_freq.iter_mut().enumerate() {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolation = 1.0 - ramp;
+            let freq = *f as f64;
+            *f = (freq / self.factor * (1.0 - extrapolation) + freq * extrapolation) as f32;
+        }
+    }
 }
 
 /// Llama 3.1 frequency scaling: long wavelengths divided by `factor`, short

@@ -47,6 +47,7 @@ impl Model {
         gate.par_chunks_mut(width).zip(up.par_chunks(width)).with_min_len(8).for_each(|(g, u)| match act {
             Activation::Silu => Arch::silu_mul(g, u),
             Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
+            Activation::SwigluOai { alpha, limit } => swiglu_oai(g, u, alpha, limit),
         });
     }
 
@@ -114,6 +115,11 @@ impl Model {
             }
             matmul_each(&mut items);
         }
+        for &e in &used {
+            let rows = first[e] * fe..first[e + 1] * fe;
+            add_expert_bias(&mut gate[rows.clone()], w.gate_bias.as_deref(), e, fe);
+            add_expert_bias(&mut up[rows], w.up_bias.as_deref(), e, fe);
+        }
         self.activate(&mut gate, &up, fe);
         if fs > 0 {
             self.activate(&mut shared_gate, &shared_up, fs);
@@ -142,6 +148,9 @@ impl Model {
             }
             matmul_each(&mut items);
         }
+        for &e in &used {
+            add_expert_bias(&mut y[first[e] * d..first[e + 1] * d], w.down_bias.as_deref(), e, d);
+        }
         carry_non_finite(&gate, fe, &mut y, d);
 
         // ---- each token: its experts' outputs by weight, in the router's order, then the shared expert ----
@@ -162,6 +171,25 @@ impl Model {
                 o.iter_mut().zip(s).for_each(|(o, v)| *o += scale * v);
             }
         }
+    }
+}
+
+/// Expert e's bias (row e of `bias`, `width` wide) added to each of `rows`.
+fn add_expert_bias(rows: &mut [f32], bias: Option<&[f32]>, e: usize, width: usize) {
+    if let Some(b) = bias {
+        let b = &b[e * width..(e + 1) * width];
+        rows.chunks_exact_mut(width).for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+    }
+}
+
+/// gpt-oss's clamped SwiGLU into `gate`: g = min(gate, limit) (NaN kept),
+/// u = clamp(up, −limit, limit), (u + 1)·g·sigmoid(alpha·g). Scalar, with
+/// libm's `expf`: the same bits on every build.
+fn swiglu_oai(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = if *g > limit { limit } else { *g };
+        let u = u.clamp(-limit, limit);
+        *g = (u + 1.0) * (x / (1.0 + libm::expf(-alpha * x)));
     }
 }
 

@@ -204,6 +204,10 @@ pub(super) struct ExpertsFfn {
     pub(super) down: Matrix,                  // [E·D, Fe]
     pub(super) shared: Option<DenseFfn>,      // [Fs, D], [Fs, D], [D, Fs]
     pub(super) shared_gate: Option<Vec<f32>>, // [D]: sigmoid(g·x) scales the shared expert's output
+    /// Each expert's biases (gpt-oss): [E·Fe], [E·Fe], [E·D].
+    pub(super) gate_bias: Option<Vec<f32>>,
+    pub(super) up_bias: Option<Vec<f32>>,
+    pub(super) down_bias: Option<Vec<f32>>,
 }
 
 /// The token-mixing half of a block.
@@ -220,6 +224,10 @@ pub(super) struct AttentionWeights {
     pub(super) q_bias: Option<Vec<f32>>, // [rows of q]
     pub(super) k_bias: Option<Vec<f32>>, // [Hkv·hd]
     pub(super) v_bias: Option<Vec<f32>>, // [Hkv·hd]
+    pub(super) o_bias: Option<Vec<f32>>, // [D]
+    /// Attention sinks (gpt-oss): one logit per head, in every softmax's
+    /// denominator and attending to nothing.
+    pub(super) sinks: Option<Vec<f32>>, // [H]
     pub(super) q_norm: Option<Vec<f32>>, // [hd]
     pub(super) k_norm: Option<Vec<f32>>, // [hd]
 }
@@ -258,6 +266,12 @@ impl Model {
                 }
             };
             let need_vec = |s: &str, n: usize, offset: bool| loader.vector(&name(s), n, offset);
+            let opt_table = |s: &str, rows: usize, cols: usize| -> Result<Option<Vec<f32>>, String> {
+                match file.tensor(&name(s)) {
+                    Some(_) => loader.table(&name(s), rows, cols).map(Some),
+                    None => Ok(None),
+                }
+            };
             let sandwich = |s: &str| -> Result<Option<Vec<f32>>, String> {
                 if c.norm_sandwich {
                     need_vec(s, d, c.norm_unit_offset).map(Some)
@@ -281,6 +295,8 @@ impl Model {
                     q_bias: opt_vec("attn_q_bias", q_rows, false)?,
                     k_bias: opt_vec("attn_k_bias", c.kv_dim(), false)?,
                     v_bias: opt_vec("attn_v_bias", c.kv_dim(), false)?,
+                    o_bias: opt_vec("attn_o_bias", d, false)?,
+                    sinks: opt_vec("attn_sinks", c.n_heads, false)?,
                     q_norm: qk("attn_q_norm")?,
                     k_norm: qk("attn_k_norm")?,
                 }),
@@ -335,6 +351,9 @@ impl Model {
                     down: loader.experts(&name("ffn_down_exps"), e, d, fe)?,
                     shared,
                     shared_gate,
+                    gate_bias: opt_table("ffn_gate_exps_bias", e, fe)?,
+                    up_bias: opt_table("ffn_up_exps_bias", e, fe)?,
+                    down_bias: opt_table("ffn_down_exps_bias", e, d)?,
                 })
             } else {
                 Ffn::Dense(dense("", f)?)
