@@ -446,3 +446,23 @@ def smol(tmp_path_factory, smollm2_gguf):
 
     Converted once per test session, on first use."""
     return converter(tmp_path_factory.mktemp("smollm2"), "smollm2", smollm2_gguf, smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def cases_binary():
+    """Build the test-support example once (release, like the runtime): run(mlt, lines, tmp_path)
+    gives shared/examples/tokenize_cases.rs's JSON result of each case line."""
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "krafla", "--example",
+                    "tokenize_cases"], cwd=REPO, check=True, timeout=1800)
+
+    def run(mlt, lines, tmp_path):
+        cases = tmp_path / "cases.txt"
+        cases.write_text("\n".join(lines) + "\n", encoding="ascii")
+        p = subprocess.run(["cargo", "run", "--release", "-q", "-p", "krafla", "--example",
+                            "tokenize_cases", "--", str(mlt), str(cases)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        out = [json.loads(line) for line in p.stdout.splitlines()]
+        assert len(out) == len(lines)
+        return out
+    return run

@@ -6,12 +6,11 @@ as hex lines, results as JSON lines), so the whole module takes a few seconds on
 """
 import json
 import random
-import subprocess
 import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, import_tokenizer, run_ml
+from conftest import FIXTURES, import_tokenizer, run_ml
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -86,25 +85,6 @@ def random_texts(hf, n, seed):
 
 def tokenizer_json(name):
     return FIXTURES / "tokenizers" / name / "tokenizer.json"
-
-
-@pytest.fixture(scope="session")
-def cases_binary():
-    """Build the test-support example once (release, like the runtime)."""
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "krafla", "--example",
-                    "tokenize_cases"], cwd=REPO, check=True, timeout=1800)
-
-    def run(mlt, lines, tmp_path):
-        cases = tmp_path / "cases.txt"
-        cases.write_text("\n".join(lines) + "\n", encoding="ascii")
-        p = subprocess.run(["cargo", "run", "--release", "-q", "-p", "krafla", "--example",
-                            "tokenize_cases", "--", str(mlt), str(cases)],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr
-        out = [json.loads(line) for line in p.stdout.splitlines()]
-        assert len(out) == len(lines)
-        return out
-    return run
 
 
 @pytest.fixture(scope="session")
@@ -257,10 +237,24 @@ NON_NFC = ["Cafe\u0301 de\u0301ja\u0300 vu", "A\u030angstro\u0308m", "\u1100\u11
            "n\u0303 and o\u0302\u0323"]
 
 
-@pytest.mark.parametrize("regex,option", [(LLAMA3_REGEX, "ignore_merges"), (QWEN2_REGEX, "nfc")],
-                         ids=["llama3", "qwen2"])
+# Qwen3.5's: Qwen2's with combining marks in words; o200k's (llama.cpp's `gpt-4o`: Phi-4-mini,
+# gpt-oss): words split by case with their contractions, digits in threes.
+QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+                r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+               r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+CASE_TEXTS = ["HELLO'S World'S CamelCaseWord iPhone XMLHttpRequest ÉCOLE école", "1234567 12 123 1234",
+              "path/to/file\r\n/usr//bin", "x\u0301y\u0302 Z\u0303"]
+
+
+@pytest.mark.parametrize("regex,option", [(LLAMA3_REGEX, "ignore_merges"), (QWEN2_REGEX, "nfc"),
+                                          (QWEN35_REGEX, "plain"), (GPT4O_REGEX, "ignore_merges")],
+                         ids=["llama3", "qwen2", "qwen35", "gpt-4o"])
 def test_split_regex_pretokenizers(regex, option, cases_binary, tmp_path):
-    """Llama 3 (its regex with ignore_merges) and Qwen2 (its regex with the NFC normaliser)."""
+    """Llama 3 (its regex with ignore_merges), Qwen2 (its regex with the NFC normaliser), Qwen3.5
+    and o200k (`gpt-4o`, with ignore_merges) on a real vocabulary, against `tokenizers`."""
     def edit(j):
         j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
@@ -271,10 +265,10 @@ def test_split_regex_pretokenizers(regex, option, cases_binary, tmp_path):
             # A whole word in the vocabulary that no merge sequence builds: only
             # ignore_merges produces it as one token.
             j["model"]["vocab"]["\u0120xyzzyq"] = max(j["model"]["vocab"].values()) + 1
-        else:
+        elif option == "nfc":
             j["normalizer"] = {"type": "NFC"}
     hf, mlt = variant(tmp_path, "smollm2", edit)
-    texts = CASES + NON_NFC + ["say xyzzyq twice: xyzzyq xyzzyq"] + random_texts(hf, 20, seed=7)
+    texts = CASES + NON_NFC + CASE_TEXTS + ["say xyzzyq twice: xyzzyq xyzzyq"] + random_texts(hf, 20, seed=7)
     check_against_oracle(hf, texts, cases_binary(mlt, encode_lines(texts), tmp_path))
 
 

@@ -32,7 +32,7 @@ const METASPACE: char = '\u{2581}';
 pub struct Tokenizer {
     kind: ModelKind,
     flags: u32,
-    regex: Option<fancy_regex::Regex>,
+    regex: Vec<fancy_regex::Regex>,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -144,7 +144,7 @@ impl Tokenizer {
         let ignore_merges = self.flag(mlt::FLAG_IGNORE_MERGES) && self.kind == ModelKind::ByteLevel;
         let byte_chars = pretok::byte_to_char();
         let mut mapped = String::new();
-        pretok::split(self.regex.as_ref(), &text, |word| {
+        pretok::split(&self.regex, &text, &mut |word| {
             if ignore_merges {
                 mapped.clear();
                 mapped.extend(word.bytes().map(|b| byte_chars[usize::from(b)]));

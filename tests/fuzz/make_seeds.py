@@ -173,6 +173,9 @@ def gguf_seeds(tmp):
                                                       [("attention.sliding_window", 16)]))
     # Mixture of Experts (issue 34): 4 stacked experts, a router and a gated shared expert
     put("gguf", "qwen2moe-1layer.gguf", one_layer_gguf(tmp / "qwen2moe.gguf", "qwen2moe", experts=4))
+    # gpt-oss as llama-quantize writes it: MXFP4 experts with biases, sinks, YaRN, alternating windows
+    fixture = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "gguf-tiny" / "gptoss" / "model-mxfp4.gguf"
+    put("gguf", "gptoss-mxfp4.gguf", fixture.read_bytes())
 
     # Metadata only: a byte-level BPE tokenizer (GPT-2's byte alphabet and a few merges).
     alphabet = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \

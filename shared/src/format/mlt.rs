@@ -60,6 +60,12 @@ pub enum PreTokenizer {
     Gpt2,
     Llama3,
     Qwen2,
+    Qwen35,
+    Gpt4o,
+    Starcoder,
+    Falcon,
+    DeepseekCoder,
+    DeepseekLlm,
 }
 
 /// The file's contents, validated for structure (ids in range, UTF-8 strings).
@@ -90,13 +96,19 @@ fn model_kind(v: u32) -> Result<ModelKind, String> {
     }
 }
 
-fn pre_tokenizer(v: u32) -> Result<PreTokenizer, String> {
+pub(crate) fn pre_tokenizer(v: u32) -> Result<PreTokenizer, String> {
     match v {
         0 => Ok(PreTokenizer::None),
         1 => Ok(PreTokenizer::Gpt2),
         2 => Ok(PreTokenizer::Llama3),
         3 => Ok(PreTokenizer::Qwen2),
-        _ => Err(format!("unknown pre-tokenizer {v} (expected 0..=3)")),
+        4 => Ok(PreTokenizer::Qwen35),
+        5 => Ok(PreTokenizer::Gpt4o),
+        6 => Ok(PreTokenizer::Starcoder),
+        7 => Ok(PreTokenizer::Falcon),
+        8 => Ok(PreTokenizer::DeepseekCoder),
+        9 => Ok(PreTokenizer::DeepseekLlm),
+        _ => Err(format!("unknown pre-tokenizer {v} (expected 0..=9)")),
     }
 }
 
@@ -206,6 +218,12 @@ pub fn write(raw: &RawTokenizer) -> Vec<u8> {
         PreTokenizer::Gpt2 => 1,
         PreTokenizer::Llama3 => 2,
         PreTokenizer::Qwen2 => 3,
+        PreTokenizer::Qwen35 => 4,
+        PreTokenizer::Gpt4o => 5,
+        PreTokenizer::Starcoder => 6,
+        PreTokenizer::Falcon => 7,
+        PreTokenizer::DeepseekCoder => 8,
+        PreTokenizer::DeepseekLlm => 9,
     };
     for v in [VERSION, kind, pretok, raw.flags] {
         out.extend_from_slice(&v.to_le_bytes());

@@ -24,6 +24,14 @@ const PRE_NAMES: &[(&str, PreTokenizer)] = &[
     ("llama-v3", PreTokenizer::Llama3),
     ("llama-bpe", PreTokenizer::Llama3),
     ("qwen2", PreTokenizer::Qwen2),
+    ("qwen35", PreTokenizer::Qwen35),
+    ("gpt-4o", PreTokenizer::Gpt4o),
+    ("starcoder", PreTokenizer::Starcoder),
+    ("refact", PreTokenizer::Starcoder),
+    ("command-r", PreTokenizer::Starcoder),
+    ("falcon", PreTokenizer::Falcon),
+    ("deepseek-coder", PreTokenizer::DeepseekCoder),
+    ("deepseek-llm", PreTokenizer::DeepseekLlm),
 ];
 
 /// GGUF token type → `.mlt` token type (5, unused: HF marks these special).
@@ -136,7 +144,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
             // llama.cpp's Llama 3 tokenizer looks whole words up first (HF's
             // ignore_merges); Qwen2's applies NFC.
             flags |= match pre {
-                PreTokenizer::Llama3 => FLAG_IGNORE_MERGES,
+                PreTokenizer::Llama3 | PreTokenizer::Gpt4o => FLAG_IGNORE_MERGES,
                 PreTokenizer::Qwen2 => FLAG_NFC,
                 _ => 0,
             };

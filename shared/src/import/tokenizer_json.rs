@@ -122,6 +122,8 @@ fn byte_level(pres: &[&Value]) -> Result<(PreTokenizer, bool), String> {
             let pre = match pattern_of(split) {
                 (Some(pretok::LLAMA3), true) => PreTokenizer::Llama3,
                 (Some(pretok::QWEN2), true) => PreTokenizer::Qwen2,
+                (Some(pretok::QWEN35), true) => PreTokenizer::Qwen35,
+                (Some(pretok::GPT4O), true) => PreTokenizer::Gpt4o,
                 (Some(pretok::GPT2), true) => PreTokenizer::Gpt2,
                 (p, _) => return Err(format!("pre-tokenizer regex {:?} is not gpt2/llama3/qwen2", p.unwrap_or(""))),
             };

@@ -1,0 +1,69 @@
+"""llama.cpp's own tokenizer suites (issue 34): every `models/ggml-vocab-NAME.gguf` of
+llama.cpp 0c1e570 (the vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist on PyPI) that comes
+with `.inp` texts and `.out` ids, the vocabulary read from the GGUF as `ml_run` reads a model's,
+every text encoded without special tokens (as llama.cpp's test-tokenizer-0 does) and compared id
+for id. The sdist is downloaded once into .cache/llamacpp (74 MB) when it is not there."""
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from conftest import REPO, run_ml
+
+VERSION = "0.3.36"
+CACHE = REPO / ".cache" / "llamacpp"
+MODELS = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp" / "models"
+SEPARATOR = "\n__ggml_vocab_test__\n"
+
+# Suites of tokenizers Krafla does not run, and why.
+NOT_RUN = {
+    "bert-bge": "a WordPiece (BERT) vocabulary: an embedding model's, not one of the Models families",
+    "gemma-4": "Gemma 4's SentencePiece-style BPE with its own merges (tokenizer model `gemma4`) is not "
+               "read yet",
+}
+
+
+def suites_dir():
+    if not MODELS.is_dir():
+        dl = CACHE / "dl"
+        sdist = dl / f"llama_cpp_python-{VERSION}.tar.gz"
+        if not sdist.exists():
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                            "llama-cpp-python", f"llama-cpp-python=={VERSION}", "-d", str(dl)],
+                           check=True, timeout=1800)
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers()
+                       if "/vendor/llama.cpp/models/ggml-vocab-" in m.name and m.isfile()]
+            tar.extractall(CACHE, members=members, filter="data")
+    return MODELS
+
+
+NAMES = sorted(p.name[len("ggml-vocab-"):-len(".gguf.inp")] for p in suites_dir().glob("ggml-vocab-*.gguf.inp"))
+
+
+def test_every_suite_of_the_sdist_is_here():
+    assert len(NAMES) >= 15, NAMES
+    for name in ["gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "deepseek-coder",
+                 "deepseek-llm", "falcon", "starcoder", "refact", "command-r", "gemma-4"]:
+        assert name in NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_suite_ids_from_the_gguf(name, cases_binary, tmp_path):
+    if name in NOT_RUN:
+        pytest.skip(NOT_RUN[name])
+    gguf = MODELS / f"ggml-vocab-{name}.gguf"
+    texts = (MODELS / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
+    texts[-1] = texts[-1].removesuffix("\n__ggml_vocab_test__\n").removesuffix("\n__ggml_vocab_test__")
+    want = (MODELS / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    texts = [t for t in texts if t != "" or len(texts) == len(want)]
+    assert len(want) >= len(texts) > 30, (name, len(texts), len(want))
+    want = want[:len(texts)]
+    mlt = tmp_path / "tokenizer.mlt"
+    run_ml("-z", gguf, "--save-tokenizer", mlt, "--tokenize", "-p", "x")
+    lines = [f"E 0 {t.encode('utf-8').hex()}" for t in texts]
+    results = cases_binary(mlt, lines, tmp_path)
+    wrong = [(t[:40], got["ids"][:16], [int(i) for i in w.split()][:16])
+             for t, w, got in zip(texts, want, results, strict=True) if got["ids"] != [int(i) for i in w.split()]]
+    assert not wrong, f"{name}: {len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]}"
