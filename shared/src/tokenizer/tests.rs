@@ -183,7 +183,7 @@ fn bad_header_fields() {
     expect_err(&magic, "bad magic");
     expect_err(&patched(8, 2), "unsupported version 2");
     expect_err(&patched(12, 7), "unknown model kind 7");
-    expect_err(&patched(16, 9), "unknown pre-tokenizer 9");
+    expect_err(&patched(16, 10), "unknown pre-tokenizer 10");
     expect_err(&patched(20, 1 << 31), "unknown flag bits");
     expect_err(&patched(24, 999_999), "bos_id 999999 is out of range");
     expect_err(&patched(36, (-2i32) as u32), "unk_id -2 is out of range");
