@@ -33,6 +33,9 @@ pub struct Tokenizer {
     kind: ModelKind,
     flags: u32,
     regex: Vec<fancy_regex::Regex>,
+    /// Gemma 4: a piece of newlines only that is one token is that token (llama.cpp's rule;
+    /// its merges do not build every newline run).
+    newline_runs_whole: bool,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -85,6 +88,7 @@ impl Tokenizer {
             kind: raw.kind,
             flags: raw.flags,
             regex: pretok::compile(raw.pretok)?,
+            newline_runs_whole: raw.pretok == mlt::PreTokenizer::Gemma4,
             bos: raw.bos,
             eos: raw.eos,
             eot: raw.eot,
@@ -149,6 +153,12 @@ impl Tokenizer {
                 mapped.clear();
                 mapped.extend(word.bytes().map(|b| byte_chars[usize::from(b)]));
                 if let Some(&id) = self.vocab.get(mapped.as_str()) {
+                    out.push(id);
+                    return;
+                }
+            }
+            if self.newline_runs_whole && word.bytes().all(|b| b == b'\n') {
+                if let Some(&id) = self.vocab.get(word) {
                     out.push(id);
                     return;
                 }

@@ -66,6 +66,8 @@ pub enum PreTokenizer {
     Falcon,
     DeepseekCoder,
     DeepseekLlm,
+    /// Gemma 4: lines and newline runs, each merged whole (SentencePiece-style BPE).
+    Gemma4,
 }
 
 /// The file's contents, validated for structure (ids in range, UTF-8 strings).
@@ -108,7 +110,8 @@ pub(crate) fn pre_tokenizer(v: u32) -> Result<PreTokenizer, String> {
         7 => Ok(PreTokenizer::Falcon),
         8 => Ok(PreTokenizer::DeepseekCoder),
         9 => Ok(PreTokenizer::DeepseekLlm),
-        _ => Err(format!("unknown pre-tokenizer {v} (expected 0..=9)")),
+        10 => Ok(PreTokenizer::Gemma4),
+        _ => Err(format!("unknown pre-tokenizer {v} (expected 0..=10)")),
     }
 }
 
@@ -224,6 +227,7 @@ pub fn write(raw: &RawTokenizer) -> Vec<u8> {
         PreTokenizer::Falcon => 7,
         PreTokenizer::DeepseekCoder => 8,
         PreTokenizer::DeepseekLlm => 9,
+        PreTokenizer::Gemma4 => 10,
     };
     for v in [VERSION, kind, pretok, raw.flags] {
         out.extend_from_slice(&v.to_le_bytes());

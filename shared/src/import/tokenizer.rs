@@ -1,7 +1,7 @@
 //! The tokenizer inside a GGUF file as an `.mlt` description: byte-level
 //! BPE (`tokenizer.ggml.model = gpt2`) with its `tokenizer.ggml.pre`
-//! pre-tokenizer, or SentencePiece BPE (`llama`) with merges derived from
-//! the piece scores; the chat template kind from `tokenizer.chat_template`;
+//! pre-tokenizer, SentencePiece BPE (`llama`) with merges derived from
+//! the piece scores, or Gemma 4's SentencePiece-style BPE with listed merges (`gemma4`); the chat template kind from `tokenizer.chat_template`;
 //! BOS, EOS and end-of-turn ids. `finish` is what every source's tokenizer
 //! gets last (`tokenizer_json.rs` uses it too).
 
@@ -148,18 +148,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
                 PreTokenizer::Qwen2 => FLAG_NFC,
                 _ => 0,
             };
-            let mut merges = Vec::new();
-            if let Some(v) = g.get("tokenizer.ggml.merges") {
-                let list =
-                    v.as_array().and_then(|a| a.strings()).ok_or("tokenizer.ggml.merges is not an array of strings")?;
-                for m in list {
-                    let (a, b) = m.split_once(' ').ok_or_else(|| format!("merge {m:?} is not two tokens"))?;
-                    match (token_to_id.get(a), token_to_id.get(b)) {
-                        (Some(&a), Some(&b)) => merges.push((a, b)),
-                        _ => return Err(format!("merge {m:?} uses a token not in the vocabulary")),
-                    }
-                }
-            }
+            let merges = merges_from_strings(g, &token_to_id)?;
             if flag("tokenizer.ggml.add_space_prefix", false) {
                 flags |= FLAG_PREFIX_SPACE;
             }
@@ -172,7 +161,13 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
             }
             (ModelKind::SentencePiece, PreTokenizer::None, spm_merges_from_scores(&tokens, &scores, &types))
         }
-        other => return Err(format!("tokenizer.ggml.model {other:?} (only gpt2 and llama)")),
+        // Gemma 4: SentencePiece-style BPE (U+2581 for spaces, `<0xNN>` byte fallback) with
+        // listed merges, run over each line; llama.cpp always adds BOS for it
+        "gemma4" => {
+            flags |= FLAG_BYTE_FALLBACK | FLAG_METASPACE;
+            (ModelKind::SentencePiece, PreTokenizer::Gemma4, merges_from_strings(g, &token_to_id)?)
+        }
+        other => return Err(format!("tokenizer.ggml.model {other:?} (only gpt2, llama and gemma4)")),
     };
 
     let id = |key: &str| -> Option<u32> {
@@ -180,7 +175,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
         (0..n as i64).contains(&v).then_some(v as u32)
     };
     let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
-    if flag("tokenizer.ggml.add_bos_token", model == "llama") && bos.is_some() {
+    if (model == "gemma4" || flag("tokenizer.ggml.add_bos_token", model == "llama")) && bos.is_some() {
         flags |= FLAG_ADD_BOS;
     }
     if flag("tokenizer.ggml.add_eos_token", false) && eos.is_some() {
@@ -207,6 +202,23 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
         merges,
     };
     Ok(finish(raw, jinja))
+}
+
+/// `tokenizer.ggml.merges` as id pairs: each entry is two tokens joined by a space, split at
+/// the first space after the first char (as llama.cpp does, so a token may start with one).
+fn merges_from_strings(g: &Gguf, token_to_id: &HashMap<&str, u32>) -> Result<Vec<(u32, u32)>, String> {
+    let mut merges = Vec::new();
+    let Some(v) = g.get("tokenizer.ggml.merges") else { return Ok(merges) };
+    let list = v.as_array().and_then(|a| a.strings()).ok_or("tokenizer.ggml.merges is not an array of strings")?;
+    for m in list {
+        let first = m.chars().next().map_or(0, char::len_utf8);
+        let at = m[first..].find(' ').map(|i| i + first).ok_or_else(|| format!("merge {m:?} is not two tokens"))?;
+        match (token_to_id.get(&m[..at]), token_to_id.get(&m[at + 1..])) {
+            (Some(&a), Some(&b)) => merges.push((a, b)),
+            _ => return Err(format!("merge {m:?} uses a token not in the vocabulary")),
+        }
+    }
+    Ok(merges)
 }
 
 /// What every source's tokenizer gets last: the chat template kind from

@@ -1,5 +1,5 @@
 //! Pre-tokenization: the split regexes of each pre-tokenizer kind (GPT-2, Llama 3, Qwen2,
-//! Qwen3.5, o200k, and the sequences of DeepSeek, Falcon and StarCoder) and GPT-2's
+//! Qwen3.5, o200k, Gemma 4's lines, and the sequences of DeepSeek, Falcon and StarCoder) and GPT-2's
 //! byte-to-unicode map.
 
 use crate::format::mlt::PreTokenizer;
@@ -38,6 +38,8 @@ fn patterns(kind: PreTokenizer) -> &'static [&'static str] {
         // (also refact and command-r): single digits, then GPT-2's words
         PreTokenizer::Starcoder => &[r"\p{N}", GPT2_WORDS],
         PreTokenizer::Falcon => &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2_WORDS, r"[0-9][0-9][0-9]"],
+        // lines apart from newline runs; no word split (merges run over a whole line)
+        PreTokenizer::Gemma4 => &[r"[^\n]+|[\n]+"],
         PreTokenizer::DeepseekCoder => &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK, r"\p{N}"],
         PreTokenizer::DeepseekLlm => &[
             r"[\r\n]",
@@ -155,7 +157,7 @@ mod tests {
         split(&re, "HELLO'S CamelCase 12345", &mut |p| v.push(p));
         assert_eq!(v, ["HELLO'S", " Camel", "Case", " ", "123", "45"]);
         // every kind compiles
-        for code in 0..10 {
+        for code in 0..11 {
             compile(crate::format::mlt::pre_tokenizer(code).unwrap()).unwrap();
         }
     }

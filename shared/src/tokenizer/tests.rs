@@ -117,6 +117,28 @@ fn sentencepiece_encode_decode() {
     assert_eq!(t.encode("</s>", false), vec![2]);
 }
 
+/// Gemma 4: merges never cross a newline, and a newline run that is one token is that token
+/// even where no merge builds it.
+#[test]
+fn gemma4_lines_and_newline_runs() {
+    let mut raw = spm_raw();
+    for t in ["\n", "\n\n", "i\n"] {
+        raw.tokens.push(t.into());
+        raw.types.push(TYPE_NORMAL);
+    }
+    let id = |t: &str| raw.tokens.iter().position(|x| x == t).unwrap() as u32;
+    raw.merges.push((id("i"), id("\n"))); // would join "i" and "\n" within a line
+    raw.pretok = PreTokenizer::Gemma4;
+    raw.flags &= !FLAG_PREFIX_SPACE;
+    let t = load(&raw);
+    let id = |s: &str| t.token_id(s).unwrap();
+    assert_eq!(t.encode("hi\n\nhi", false), [id("h"), id("i"), id("\n\n"), id("h"), id("i")]);
+    assert_eq!(t.encode(" hi\n", false), [id("▁hi"), id("\n")]);
+    raw.pretok = PreTokenizer::None;
+    let t = load(&raw);
+    assert_eq!(t.encode("hi\n\n", false), [id("h"), id("i\n"), id("\n")], "the rules above are Gemma 4's");
+}
+
 #[test]
 fn valid_files_load_from_disk() {
     let dir = std::env::temp_dir().join(format!("krafla_tok_{}", std::process::id()));
@@ -183,7 +205,7 @@ fn bad_header_fields() {
     expect_err(&magic, "bad magic");
     expect_err(&patched(8, 2), "unsupported version 2");
     expect_err(&patched(12, 7), "unknown model kind 7");
-    expect_err(&patched(16, 10), "unknown pre-tokenizer 10");
+    expect_err(&patched(16, 11), "unknown pre-tokenizer 11");
     expect_err(&patched(20, 1 << 31), "unknown flag bits");
     expect_err(&patched(24, 999_999), "bos_id 999999 is out of range");
     expect_err(&patched(36, (-2i32) as u32), "unk_id -2 is out of range");
