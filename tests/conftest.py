@@ -390,6 +390,30 @@ def read_imatrix(path):
     return out
 
 
+LLAMACPP_SDIST = "0.3.36"
+LLAMACPP_MODELS = REPO / ".cache" / "llamacpp" / f"llama_cpp_python-{LLAMACPP_SDIST}" / "vendor" / "llama.cpp" \
+    / "models"
+
+
+def llamacpp_models():
+    """llama.cpp 0c1e570's models/ folder (the vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist
+    on PyPI): its tokenizer suites (`ggml-vocab-*`) and chat templates (`templates/`), extracted
+    into .cache/llamacpp from the sdist, downloaded once (74 MB) when they are not there."""
+    if not (LLAMACPP_MODELS / "templates").is_dir():
+        import tarfile
+        cache = REPO / ".cache" / "llamacpp"
+        sdist = cache / "dl" / f"llama_cpp_python-{LLAMACPP_SDIST}.tar.gz"
+        if not sdist.exists():
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                            "llama-cpp-python", f"llama-cpp-python=={LLAMACPP_SDIST}", "-d", str(sdist.parent)],
+                           check=True, timeout=1800)
+        with tarfile.open(sdist) as tar:
+            wanted = ("/vendor/llama.cpp/models/ggml-vocab-", "/vendor/llama.cpp/models/templates/")
+            members = [m for m in tar.getmembers() if m.isfile() and any(w in m.name for w in wanted)]
+            tar.extractall(cache, members=members, filter="data")
+    return LLAMACPP_MODELS
+
+
 def run_tool(script, *args, check=True, timeout=1800):
     cmd = [sys.executable, str(TOOLS / script), *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -4,17 +4,12 @@ with `.inp` texts and `.out` ids, the vocabulary read from the GGUF as `ml_run` 
 every text encoded without special tokens (as llama.cpp's test-tokenizer-0 does) and compared id
 for id. The sdist is downloaded once into .cache/llamacpp (74 MB) when it is not there."""
 import json
-import subprocess
-import sys
-import tarfile
 
 import pytest
 
-from conftest import REPO, run_ml
+from conftest import LLAMACPP_MODELS, llamacpp_models, run_ml
 
-VERSION = "0.3.36"
-CACHE = REPO / ".cache" / "llamacpp"
-MODELS = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp" / "models"
+MODELS = LLAMACPP_MODELS
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # Suites of tokenizers Krafla does not run, and why.
@@ -23,22 +18,7 @@ NOT_RUN = {
 }
 
 
-def suites_dir():
-    if not MODELS.is_dir():
-        dl = CACHE / "dl"
-        sdist = dl / f"llama_cpp_python-{VERSION}.tar.gz"
-        if not sdist.exists():
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
-                            "llama-cpp-python", f"llama-cpp-python=={VERSION}", "-d", str(dl)],
-                           check=True, timeout=1800)
-        with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers()
-                       if "/vendor/llama.cpp/models/ggml-vocab-" in m.name and m.isfile()]
-            tar.extractall(CACHE, members=members, filter="data")
-    return MODELS
-
-
-NAMES = sorted(p.name[len("ggml-vocab-"):-len(".gguf.inp")] for p in suites_dir().glob("ggml-vocab-*.gguf.inp"))
+NAMES = sorted(p.name[len("ggml-vocab-"):-len(".gguf.inp")] for p in llamacpp_models().glob("ggml-vocab-*.gguf.inp"))
 
 
 def test_every_suite_of_the_sdist_is_here():

@@ -300,6 +300,20 @@ impl Tokenizer {
         self.eot
     }
 
+    /// The ids that end an answer: EOS and end-of-turn. In the harmony format
+    /// (gpt-oss) those are `<|return|>` and `<|call|>`, and never `<|end|>`, which
+    /// ends one channel's message inside the answer (llama.cpp does the same).
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos.into_iter().chain(self.eot).collect();
+        if self.chat_template == "harmony" {
+            ids.extend(["<|return|>", "<|call|>"].iter().filter_map(|t| self.token_id(t)));
+            ids.retain(|&id| Some(id) != self.token_id("<|end|>"));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// Padding token from the file (informative).
     pub fn pad_id(&self) -> Option<u32> {
         self.pad

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use clap::Parser;
 
+use super::answer_text::AnswerText;
 use super::interactive;
 use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
@@ -344,11 +345,10 @@ fn run_model(
     let t1 = Instant::now();
     let last = logits[logits.len() - vocab..].to_vec();
     let mut write_error = None;
+    // a harmony answer's reasoning goes to stderr
+    let mut answer = AnswerText::new(args.run.template(tokenizer.as_ref(), false)?);
     let done = generator.decode(last, &prompt, &params, text_out, speculator.as_mut(), &mut |t: Token| {
-        if t.text.is_empty() {
-            return true;
-        }
-        stdout::write(t.text.as_bytes()).map_err(|e| write_error = Some(e)).is_ok()
+        answer.show(t.text).map_err(|e| write_error = Some(e)).is_ok()
     })?;
     if let Some(e) = write_error {
         return Err(e.into());
@@ -357,7 +357,9 @@ fn run_model(
     if text_out.is_none() {
         stdout::line(&format!("[{}]", done.tokens.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")))?;
     } else {
-        stdout::line(&done.tail)?;
+        answer.show(&done.tail)?;
+        answer.finish()?;
+        stdout::line("")?;
     }
     let spec = speculator.map_or(String::new(), |s| format!("; speculative: {}", s.stats.summary()));
     eprintln!(
@@ -400,7 +402,7 @@ fn decode_params(
             seed,
             ..Default::default()
         },
-        stop_ids: tokenizer.map_or(Vec::new(), |t| t.eos_id().into_iter().chain(t.eot_id()).collect()),
+        stop_ids: tokenizer.map_or(Vec::new(), Tokenizer::stop_ids),
         stop_strings: Vec::new(),
         constrained,
     })

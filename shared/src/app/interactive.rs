@@ -16,6 +16,7 @@
 //! status 130). When the context is full the chat says so and `/clear`
 //! starts over: no turn is dropped silently.
 
+use super::answer_text::AnswerText;
 use super::stdout;
 use std::cell::RefCell;
 use std::io::{IsTerminal, Write};
@@ -159,17 +160,17 @@ pub fn run(
         };
         let room = ctx - generator.state().pos;
         params.max_tokens = max_tokens.map_or(room, |n| n.min(room));
-        let mut answer = String::new();
+        let mut answer = AnswerText::new(Some(template));
+        // the answer as the model wrote it (a harmony answer's channels included)
+        let mut raw = String::new();
         let mut write_error = None;
         let t1 = Instant::now();
         let before = speculator.as_ref().map(|s| s.stats);
         let done = generator.decode(logits, &ids, &params, Some(tokenizer), speculator.as_mut(), &mut |t: Token| {
-            if !t.text.is_empty() {
-                answer.push_str(t.text);
-                if let Err(e) = stdout::write(t.text.as_bytes()) {
-                    write_error = Some(e);
-                    return false;
-                }
+            raw.push_str(t.text);
+            if let Err(e) = answer.show(t.text) {
+                write_error = Some(e);
+                return false;
             }
             !STOP.load(Ordering::SeqCst)
         });
@@ -179,13 +180,15 @@ pub fn run(
             return Err(e);
         }
         let gen_secs = t1.elapsed().as_secs_f64();
-        answer.push_str(&done.tail);
-        stdout::line(&done.tail)?;
+        raw.push_str(&done.tail);
+        answer.show(&done.tail)?;
+        answer.finish()?;
+        stdout::line("")?;
 
         conv.ids = ids;
         conv.ids.extend(&done.tokens);
-        conv.text = full.as_str().to_string() + &answer;
-        conv.messages.push(Message::new(Role::Assistant, answer));
+        conv.text = full.as_str().to_string() + &raw;
+        conv.messages.push(Message::new(Role::Assistant, answer.content));
         let note = match done.finish {
             _ if done.grammar_cut => " (the grammar is too ambiguous to follow further: the answer is incomplete)",
             Finish::Cancelled => " (stopped)",

@@ -6,6 +6,7 @@
 
 use std::io::Write;
 
+mod answer_text;
 pub mod cli;
 pub mod interactive;
 pub mod measure;

@@ -10,6 +10,7 @@
 //! wrote in it is marked, so that only the template's own text can hold
 //! control tokens.
 
+pub mod harmony;
 mod prompt;
 pub mod tools;
 
@@ -27,6 +28,7 @@ pub enum Template {
     Gemma,
     Zephyr,
     Phi3,
+    Harmony,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +57,7 @@ impl Message {
 }
 
 impl Template {
-    pub const ALL: [Template; 8] = [
+    pub const ALL: [Template; 9] = [
         Template::Chatml,
         Template::Qwen3,
         Template::Llama2,
@@ -64,6 +66,7 @@ impl Template {
         Template::Gemma,
         Template::Zephyr,
         Template::Phi3,
+        Template::Harmony,
     ];
 
     /// What it looks like, for `--help`.
@@ -77,6 +80,7 @@ impl Template {
             Template::Gemma => "`<start_of_turn>user ... <end_of_turn>`",
             Template::Zephyr => "`<|user|> ... </s>` (TinyLlama)",
             Template::Phi3 => "`<|user|> ... <|end|>` (Phi-3, Phi-4-mini)",
+            Template::Harmony => "`<|start|>user<|message|> ... <|end|>`, answers in channels (gpt-oss)",
         }
     }
 
@@ -91,6 +95,7 @@ impl Template {
             Template::Gemma => "gemma",
             Template::Zephyr => "zephyr",
             Template::Phi3 => "phi3",
+            Template::Harmony => "harmony",
         }
     }
 
@@ -134,9 +139,13 @@ impl Template {
             }
             _ => messages,
         };
+        if self == Template::Harmony && (!tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty())) {
+            return Err("the 'harmony' template (gpt-oss) does not take tools yet".into());
+        }
         let syntax = self.call_syntax();
         let turns = with_tools_written(syntax, messages, tools)?;
         match self {
+            Template::Harmony => harmony::format(&turns, &harmony::today()),
             Template::Chatml | Template::Qwen3 | Template::Llama3 | Template::Zephyr | Template::Phi3 => {
                 Ok(self.role_headers(&turns))
             }
@@ -545,6 +554,7 @@ mod tests {
                     Template::Gemma => "<start_of_turn>model\n",
                     Template::Zephyr | Template::Phi3 => "<|assistant|>",
                     Template::Llama2 | Template::Mistral => "[INST] ",
+                    Template::Harmony => "<|start|>assistant",
                 };
                 assert!(text.match_indices(header).any(|(at, m)| !inside(at, m.len())), "{t:?}");
             }

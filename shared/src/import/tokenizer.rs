@@ -48,6 +48,7 @@ fn token_type(gguf: i64) -> u8 {
 /// Chat template kinds, the tokens that mark each in a vocabulary, and its
 /// end-of-turn token.
 const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
+    ("harmony", ["<|channel|>", "<|return|>"], "<|return|>"),
     ("chatml", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     ("gemma", ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
     ("llama3", ["<|start_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
@@ -56,7 +57,9 @@ const TEMPLATE_TOKENS: &[(&str, [&str; 2], &str)] = &[
 
 /// The chat template family of a jinja source ("" if unknown).
 pub fn template_kind(jinja: &str) -> &'static str {
-    if jinja.contains("<|im_start|>") {
+    if jinja.contains("<|channel|>") {
+        "harmony"
+    } else if jinja.contains("<|im_start|>") {
         "chatml"
     } else if jinja.contains("<start_of_turn>") {
         "gemma"

@@ -291,3 +291,23 @@ fn garbage_never_panics() {
         }
     }
 }
+
+/// gpt-oss: `<|return|>` and `<|call|>` end an answer, `<|end|>` (between its channels) does not,
+/// whatever the file names as end of turn; the kind is read from the template's text.
+#[test]
+fn harmony_stop_ids() {
+    let mut raw = byte_level_raw();
+    for t in ["<|end|>", "<|return|>", "<|call|>"] {
+        raw.tokens.push(t.into());
+        raw.types.push(TYPE_CONTROL);
+    }
+    let id = |t: &str| raw.tokens.iter().position(|x| x == t).unwrap() as u32;
+    raw.eot = Some(id("<|end|>"));
+    raw.eos = Some(id("<|return|>"));
+    raw.chat_template = "harmony".into();
+    assert_eq!(load(&raw).stop_ids(), [id("<|return|>"), id("<|call|>")]);
+    raw.chat_template = CHAT.into();
+    assert_eq!(load(&raw).stop_ids(), [id("<|end|>"), id("<|return|>")]);
+    let jinja = "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}";
+    assert_eq!(crate::import::tokenizer::template_kind(jinja), "harmony");
+}

@@ -145,7 +145,7 @@ impl Engine {
     ) -> Engine {
         assert!(batch > 0 && !sequences.is_empty());
         assert!(speculators.is_empty() || speculators.len() == sequences.len());
-        let stop_ids = tokenizer.eos_id().into_iter().chain(tokenizer.eot_id()).collect();
+        let stop_ids = tokenizer.stop_ids();
         let metrics = Arc::new(Metrics::new(sequences.len()));
         let mut speculators = speculators.into_iter();
         let slots = sequences

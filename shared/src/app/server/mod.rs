@@ -467,8 +467,16 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
 }
 
 /// The paths answered by some method: any other method gets 405, not 404.
-const ENDPOINTS: [&str; 7] =
-    ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"];
+const ENDPOINTS: [&str; 8] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+];
 
 /// The answer to `method` (GET for a HEAD request, so that its head is GET's) on `req.path`.
 fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
@@ -547,6 +555,7 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
         ("POST", "/v1/completions") => Answer::Generate { chat: false },
         ("POST", "/tokenize") => json_answer(tokens::tokenize(&srv.tokenizer, &req.body)),
         ("POST", "/detokenize") => json_answer(tokens::detokenize(&srv.tokenizer, &req.body)),
+        ("POST", "/apply-template") => json_answer(serve::apply_template(srv, req)),
         (_, p) if ENDPOINTS.contains(&p) => {
             Answer::Fail(ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)))
         }

@@ -117,11 +117,16 @@ impl Reply {
     }
 
     /// The whole (not streamed) answer.
-    pub fn answer(&self, text: &str, finish: Finish, usage: Value, logprobs: Option<Value>) -> Value {
+    /// `reasoning`: what the model reasoned apart from its answer (harmony's
+    /// analysis channel), a chat message's `reasoning_content` when not empty.
+    pub fn answer(&self, text: &str, reasoning: &str, finish: Finish, usage: Value, logprobs: Option<Value>) -> Value {
         let lp = logprobs.unwrap_or(Value::Null);
         let choice = if self.chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                   "logprobs": lp, "finish_reason": finish.as_str()})
+            let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = json!(reasoning);
+            }
+            json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish.as_str()})
         } else {
             json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str()})
         };
@@ -164,6 +169,12 @@ impl Reply {
     /// (A completions stream has no opening chunk.)
     pub fn opening_chunk(&self) -> Value {
         self.delta_chunk(json!({"role": "assistant", "content": ""}), None, None)
+    }
+
+    /// A chunk of a chat answer's reasoning (`delta.reasoning_content`, as
+    /// llama-server and DeepSeek's API send it).
+    pub fn reasoning_chunk(&self, text: &str) -> Value {
+        self.delta_chunk(json!({"reasoning_content": text}), None, None)
     }
 
     /// A chunk of text, with the logprobs of the tokens that made it.

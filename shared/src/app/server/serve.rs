@@ -18,7 +18,8 @@ use super::job::{Event, Job, TokenLogprob};
 use super::request::{grammar_error, parse_request, GenRequest, Prompt, ServerDefaults, ToolChoice};
 use super::response::{usage, Reply};
 use super::{unix_now, Server};
-use crate::chat::{CallSyntax, Tool, ToolCall};
+use crate::chat::harmony::Channels;
+use crate::chat::{CallSyntax, Message, PromptText, Template, Tool, ToolCall};
 use crate::generate::Finish;
 use crate::model::{check_prompt, TokenError};
 
@@ -36,6 +37,34 @@ fn unique() -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// The server's template and the prompt text it makes of a chat request's
+/// messages, with the request's tools shown unless `tool_choice` is "none".
+fn chat_prompt(srv: &Server, greq: &GenRequest, messages: &[Message]) -> Result<(Template, PromptText), ApiError> {
+    let template = srv.template.ok_or_else(|| {
+        ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
+    })?;
+    let shown: &[Tool] = if greq.tool_choice == ToolChoice::None { &[] } else { &greq.tools };
+    let text = template
+        .format_with_tools(srv.system.as_deref(), messages, shown)
+        .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
+    Ok((template, text))
+}
+
+/// llama.cpp's `POST /apply-template`: the body of a chat request ->
+/// `{"prompt": TEXT}`, the text its messages (and tools) make under the
+/// server's template, ending where the assistant speaks, as generation
+/// would tokenize it (the tokenizer's BOS aside).
+pub(crate) fn apply_template(srv: &Server, req: &Request) -> Result<Value, ApiError> {
+    let obj = parse_object(&req.body)?;
+    let server = ServerDefaults { seed: 0, timeout: srv.request_timeout, received: Instant::now() };
+    let greq = parse_request(&obj, true, &server)?;
+    let Prompt::Messages(m) = &greq.prompt else {
+        return Err(ApiError::field("missing_parameter", "messages", "'messages' is required"));
+    };
+    let (_, text) = chat_prompt(srv, &greq, m)?;
+    Ok(serde_json::json!({ "prompt": text.as_str() }))
 }
 
 pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
@@ -62,13 +91,8 @@ fn prepare(
     let mut calls = None;
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
-            let template = srv.template.ok_or_else(|| {
-                ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
-            })?;
+            let (template, mut text) = chat_prompt(srv, &greq, m)?;
             let shown: &[Tool] = if greq.tool_choice == ToolChoice::None { &[] } else { &greq.tools };
-            let mut text = template
-                .format_with_tools(srv.system.as_deref(), m, shown)
-                .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
             let syntax = template.call_syntax();
             let forced: Vec<Tool> = match &greq.tool_choice {
                 ToolChoice::None | ToolChoice::Auto => Vec::new(),
@@ -185,16 +209,26 @@ impl Answer<'_> {
         Ok(())
     }
 
+    /// One piece of a stream's reasoning.
+    fn reasoning(&mut self, text: &str) -> Result<(), Gone> {
+        let chunk = self.reply.reasoning_chunk(text);
+        let w = self.events.as_mut().expect("reasoning goes to a stream");
+        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
+            return Err(Gone);
+        }
+        Ok(())
+    }
+
     /// The end of a text answer: a stream's last chunks, or the whole answer
-    /// (`text` and `logprobs` are the whole answer's; a stream sent them already).
-    fn finish(self, text: &str, finish: Finish, usage: Value, logprobs: Option<Value>) {
+    /// (`text`, `reasoning` and `logprobs` are the whole answer's; a stream sent them already).
+    fn finish(self, text: &str, reasoning: &str, finish: Finish, usage: Value, logprobs: Option<Value>) {
         let Answer { srv, socket, reply, events } = self;
         match events {
             Some(mut w) => {
                 let _ = w.send(&sse(&reply.finish_chunk(finish)));
                 end_stream(w, &reply, usage);
             }
-            None => srv.send(socket, &Response::json(200, &reply.answer(text, finish, usage, logprobs))),
+            None => srv.send(socket, &Response::json(200, &reply.answer(text, reasoning, finish, usage, logprobs))),
         }
     }
 
@@ -293,6 +327,10 @@ fn run(
     // a stream's (the answer may be calls: it is read whole at the end).
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
+    // a harmony chat answer: its analysis channel is the reasoning, apart from the content
+    let harmony = chat && srv.template == Some(Template::Harmony) && matches!(greq.prompt, Prompt::Messages(_));
+    let mut channels = harmony.then(Channels::new);
+    let mut reasoning = String::new();
     loop {
         let ev = match rx.recv_timeout(POLL) {
             Ok(ev) => ev,
@@ -325,7 +363,17 @@ fn run(
                 }
             }
             Event::Delta { text: delta, logprobs: lp } => {
+                let (think, delta) = match &mut channels {
+                    Some(c) => {
+                        let split = c.push(&delta);
+                        (split.reasoning, split.content)
+                    }
+                    None => (String::new(), delta),
+                };
                 if answer.streaming() && calls.is_none() {
+                    if !think.is_empty() && answer.reasoning(&think).is_err() {
+                        return hang_up();
+                    }
                     if delta.is_empty() && lp.is_none() {
                         continue;
                     }
@@ -334,6 +382,7 @@ fn run(
                         return hang_up();
                     }
                 } else {
+                    reasoning.push_str(&think);
                     text.push_str(&delta);
                     logprobs.extend(lp);
                     if answer.gone() {
@@ -344,6 +393,18 @@ fn run(
             Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
                 debug_assert!(finish != Finish::Cancelled);
                 let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                if let Some(held) = channels.as_mut().map(Channels::finish) {
+                    if answer.streaming() {
+                        let sent = (held.reasoning.is_empty() || answer.reasoning(&held.reasoning).is_ok())
+                            && (held.content.is_empty() || answer.text(&held.content, None).is_ok());
+                        if !sent {
+                            return hang_up();
+                        }
+                    } else {
+                        reasoning.push_str(&held.reasoning);
+                        text.push_str(&held.content);
+                    }
+                }
                 if let Some(syntax) = calls {
                     if let Some((content, found)) = syntax.parse(&text, &greq.tools) {
                         let ids = call_ids(syntax, found.len());
@@ -361,7 +422,7 @@ fn run(
                     }
                 }
                 let lp = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
-                return answer.finish(&text, finish, usage, lp);
+                return answer.finish(&text, &reasoning, finish, usage, lp);
             }
             Event::Error(fault) => return answer.fail(ApiError::from_fault(&fault), true),
         }
