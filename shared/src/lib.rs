@@ -2,6 +2,8 @@
 //! layer uses only the ones above it; docs/ARCHITECTURE.md):
 //!
 //! * `fault`: whose fault an error is (input, resource, internal);
+//! * `pool`: the inference thread pool the forward pass's parallel regions
+//!   run on (workers that spin between regions and keep their cores);
 //! * `quant`: the quantised block layouts (weights as stored, activations);
 //! * `format`: the `.mlb`, `.mlt` and GGUF files, over one bounds-checked
 //!   reader;
@@ -29,6 +31,7 @@ pub mod grammar;
 pub mod import;
 pub mod kernels;
 pub mod model;
+pub mod pool;
 pub mod quant;
 pub mod sampler;
 #[cfg(test)]

@@ -813,14 +813,12 @@ pub struct ActQ8 {
 impl ActQ8 {
     /// `quantize_act` of `x` (length a multiple of 32).
     pub fn quantize(x: &[f32]) -> Self {
-        use rayon::prelude::*;
         let mut blocks = vec![BlockQ8Act::default(); x.len() / QK];
         // blocks are independent: a prompt batch is split across threads
         const PER_TASK: usize = 1024;
-        blocks
-            .par_chunks_mut(PER_TASK)
-            .enumerate()
-            .for_each(|(i, b)| quantize_act(&x[i * PER_TASK * QK..(i * PER_TASK + b.len()) * QK], b));
+        crate::pool::chunks_mut(&mut blocks, PER_TASK, 1, |i, b| {
+            quantize_act(&x[i * PER_TASK * QK..(i * PER_TASK + b.len()) * QK], b)
+        });
         Self::from_blocks(blocks)
     }
     pub fn from_blocks(blocks: Vec<BlockQ8Act>) -> Self {

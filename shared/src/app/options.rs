@@ -133,12 +133,15 @@ impl RunArgs {
         }
     }
 
-    /// The worker threads every parallel loop runs on.
+    /// The worker threads: the inference pool the forward pass runs on
+    /// (`crate::pool`, set for the whole process), and the rayon pool that
+    /// loading and conversion run on (returned).
     pub fn thread_pool(&self) -> Result<(rayon::ThreadPool, usize), String> {
         let threads = self.threads()?;
         if self.batch == 0 {
             return Err("--batch must be at least 1".into());
         }
+        crate::pool::init(threads)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()

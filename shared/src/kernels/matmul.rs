@@ -6,9 +6,9 @@
 use std::sync::OnceLock;
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::{Arch, Kernels};
+use crate::pool;
 use crate::quant::{
     dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockMxfp4, BlockQ4K,
     BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32,
@@ -354,7 +354,7 @@ pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
             Tokens { x: input.x, xq, cols: input.cols }
         })
         .collect();
-    let threads = rayon::current_num_threads();
+    let threads = pool::threads();
     // Tokens per task when a batch is split by tokens: a multiple of 4, about
     // four tasks per thread, at most 64 (their activations stay in L2).
     let token_chunk = |n_tok: usize| n_tok.div_ceil(threads * 4).next_multiple_of(4).clamp(16, 64);
@@ -374,7 +374,7 @@ pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
         // cache; it writes its own [tokens][rows] part of `out`.
         let (rows, chunk_tokens) = (w.rows, token_chunk(n_tok));
         let one_token = |t: usize| tok.get(t);
-        out.par_chunks_mut(chunk_tokens * rows).enumerate().for_each(|(chunk, o)| {
+        pool::chunks_mut(out, chunk_tokens * rows, 1, |chunk, o| {
             let t0 = chunk * chunk_tokens;
             let n = o.len() / rows;
             for r0 in (0..rows).step_by(ROW_TILE) {
@@ -399,7 +399,7 @@ pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
 fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
     let total_rows: usize = items.iter().map(|(w, _, _)| w.rows).sum();
     // a multiple of 8, so that repacked groups are never split
-    let chunk = (total_rows / (rayon::current_num_threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
+    let chunk = (total_rows / (pool::threads() * 4)).max(ROW_TILE).next_multiple_of(ROWS8);
     if items.iter().all(|(_, tok, _)| tok.n() == 1) {
         let mut tasks: Vec<(&MatRef, Tokens, usize, &mut [f32])> = Vec::new();
         for (w, tok, out) in items.iter_mut() {
@@ -407,9 +407,9 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
                 tasks.push((*w, *tok, i * chunk, o));
             }
         }
-        tasks.into_par_iter().for_each(|(w, tok, r0, o)| {
+        pool::each_mut(&mut tasks, |(w, tok, r0, o)| {
             let len = o.len();
-            tile_dots(w, r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v);
+            tile_dots(w, *r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v);
         });
         return;
     }
@@ -420,20 +420,18 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
         }
     }
     let mats: Vec<(&MatRef, Tokens)> = items.iter().map(|(w, tok, _)| (*w, *tok)).collect();
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(k, r0, len)| {
-            // Tiles of rows, each tile's weights read once from memory for all the tokens.
-            let (w, tok) = mats[k];
-            let n_tok = tok.n();
-            let mut buf = vec![0.0f32; n_tok * len];
-            for r in (0..len).step_by(ROW_TILE) {
-                let tile = ROW_TILE.min(len - r);
-                tile_dots(w, r0 + r, tile, 0, n_tok, &|t| tok.get(t), |i, t, v| buf[t * len + r + i] = v);
-            }
-            buf
-        })
-        .collect();
+    let results: Vec<Vec<f32>> = pool::map(tasks.len(), |task| {
+        let (k, r0, len) = tasks[task];
+        // Tiles of rows, each tile's weights read once from memory for all the tokens.
+        let (w, tok) = mats[k];
+        let n_tok = tok.n();
+        let mut buf = vec![0.0f32; n_tok * len];
+        for r in (0..len).step_by(ROW_TILE) {
+            let tile = ROW_TILE.min(len - r);
+            tile_dots(w, r0 + r, tile, 0, n_tok, &|t| tok.get(t), |i, t, v| buf[t * len + r + i] = v);
+        }
+        buf
+    });
     for (&(k, r0, len), buf) in tasks.iter().zip(&results) {
         let (w, _, out) = &mut items[k];
         for (t, part) in buf.chunks_exact(len).enumerate() {

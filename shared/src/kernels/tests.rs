@@ -610,7 +610,7 @@ fn matmul_identical_for(n_tok: usize) {
         assert_eq!(bits(&first), bits(&batched), "grouped, {n_tok} tokens");
         assert_eq!(bits(&second), bits(&batched), "grouped (second), {n_tok} tokens");
         for threads in [1, 2, 3] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = std::sync::Arc::new(crate::pool::Pool::new(threads).unwrap());
             // another batch split: 4 (or one fewer than all) + the rest
             let (mut split, h) = (vec![0.0; n_tok * rows], 4.min(n_tok - 1));
             pool.install(|| {

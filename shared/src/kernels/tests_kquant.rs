@@ -406,7 +406,7 @@ fn kquant_matmul_is_identical_with_and_without_repack() {
             let mut plain = vec![0.0; n_tok * rows];
             matmul(&MatRef { packed: Packed::None, ..m }, &Input::new(&x, cols), &mut plain);
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let pool = std::sync::Arc::new(crate::pool::Pool::new(threads).unwrap());
                 let mut got = vec![0.0; n_tok * rows];
                 pool.install(|| matmul(&m, &Input::new(&x, cols), &mut got));
                 assert_eq!(bits(&got), bits(&plain), "repacked K-quant rows, {n_tok} tokens, {threads} threads");

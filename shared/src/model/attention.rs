@@ -3,8 +3,6 @@
 //! cache, causal (optionally windowed) attention of each row over its own
 //! sequence's cache, the output gate and the output projection.
 
-use rayon::prelude::*;
-
 use super::config::{Config, LayerKind};
 use super::forward::carry_non_finite;
 use super::kvcache::KvCache;
@@ -133,7 +131,7 @@ fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, sinks: Option
     // Short contexts are cheaper on one thread than split across several.
     let positions = spans.iter().map(|s| s.pos0).max().unwrap_or(0) + n_tok;
     let min_len = (4096 / (positions * hd).max(1)).clamp(1, c.n_heads);
-    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each(|(idx, o)| {
+    crate::pool::chunks_mut(out, hd, min_len, |idx, o| {
         let (t, h) = (idx / c.n_heads, idx % c.n_heads);
         let span = &spans[spans.partition_point(|s| s.first_row <= t) - 1];
         let (kv, slot) = (span.kv, span.slot);

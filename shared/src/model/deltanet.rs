@@ -3,8 +3,6 @@
 //! value head the delta rule on a dk × dv state, a gated RMSNorm and the
 //! output projection.
 
-use rayon::prelude::*;
-
 use super::forward::carry_non_finite;
 use super::weights::DeltaNetWeights;
 use super::{Model, Segment};
@@ -68,7 +66,7 @@ impl Model {
                 let z_t = &z[t * nv * dv..(t + 1) * nv * dv];
                 let core_t = &mut core[t * nv * dv..(t + 1) * nv * dv];
                 let group = nv / nk;
-                ssm.par_chunks_mut(dk * dv).zip(core_t.par_chunks_mut(dv)).enumerate().for_each(|(j, (s, o))| {
+                crate::pool::zip_chunks_mut(ssm, dk * dv, core_t, dv, |j, s, o| {
                     // (llama.cpp's GGUF files order the value heads tiled: head j reads key head j mod nk)
                     let kh = if dn.v_tiled { j % nk } else { j / group };
                     let scale = 1.0 / (dk as f32).sqrt();

@@ -10,8 +10,6 @@
 //! element is one kernel dot, routing is per token, and a token's experts
 //! are summed in the router's order.
 
-use rayon::prelude::*;
-
 use super::config::{Activation, ExpertGating};
 use super::forward::carry_non_finite;
 use super::weights::{DenseFfn, ExpertsFfn, Ffn};
@@ -44,10 +42,13 @@ impl Model {
     /// act(gate) ⊙ up, row by row (rows `width` wide), into `gate`.
     fn activate(&self, gate: &mut [f32], up: &[f32], width: usize) {
         let act = self.config.activation;
-        gate.par_chunks_mut(width).zip(up.par_chunks(width)).with_min_len(8).for_each(|(g, u)| match act {
-            Activation::Silu => Arch::silu_mul(g, u),
-            Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
-            Activation::SwigluOai { alpha, limit } => swiglu_oai(g, u, alpha, limit),
+        crate::pool::chunks_mut(gate, width, 8, |i, g| {
+            let u = &up[i * width..][..g.len()];
+            match act {
+                Activation::Silu => Arch::silu_mul(g, u),
+                Activation::GeluTanh => Arch::gelu_tanh_mul(g, u),
+                Activation::SwigluOai { alpha, limit } => swiglu_oai(g, u, alpha, limit),
+            }
         });
     }
 

@@ -4,8 +4,6 @@
 //! residual stream, then the output norm and head. One pass serves every
 //! family; the configuration turns its parts on and off.
 
-use rayon::prelude::*;
-
 use super::rope::RopeTables;
 use super::state::State;
 use super::token_check::check_tokens;
@@ -144,7 +142,7 @@ impl Model {
 }
 
 pub(super) fn rmsnorm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).with_min_len(8).for_each(|(o, r)| Arch::rmsnorm(r, w, eps, o));
+    crate::pool::chunks_mut(out, d, 8, |i, o| Arch::rmsnorm(&x[i * d..][..d], w, eps, o));
 }
 
 /// Makes the rows of a product's output `out` NaN where the same row of its
