@@ -581,3 +581,10 @@ fn f32_and_f16_convert_every_matrix_but_the_types_krafla_reads_unless_requantize
     assert_eq!(choose_type("blk.0.attn_q", &m, None, ConvertType::Q8_0), TensorType::Q8_0);
     assert_eq!(choose_type("blk.0.attn_q", &[64, 48], None, ConvertType::Q8_0), TensorType::F16);
 }
+
+#[test]
+fn a_template_with_channels_is_harmony() {
+    let jinja = "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}";
+    assert_eq!(super::tokenizer::template_kind(jinja), "harmony");
+    assert_eq!(super::tokenizer::template_kind("<|im_start|>{{ m }}<|im_end|>"), "chatml");
+}

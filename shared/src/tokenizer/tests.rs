@@ -293,7 +293,7 @@ fn garbage_never_panics() {
 }
 
 /// gpt-oss: `<|return|>` and `<|call|>` end an answer, `<|end|>` (between its channels) does not,
-/// whatever the file names as end of turn; the kind is read from the template's text.
+/// whatever the file names as end of turn.
 #[test]
 fn harmony_stop_ids() {
     let mut raw = byte_level_raw();
@@ -308,6 +308,4 @@ fn harmony_stop_ids() {
     assert_eq!(load(&raw).stop_ids(), [id("<|return|>"), id("<|call|>")]);
     raw.chat_template = CHAT.into();
     assert_eq!(load(&raw).stop_ids(), [id("<|end|>"), id("<|return|>")]);
-    let jinja = "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}";
-    assert_eq!(crate::import::tokenizer::template_kind(jinja), "harmony");
 }
