@@ -33,6 +33,7 @@ macro_rules! entry_points {
         entry_points!(@tile $m tile_q8 BlockQ8_0x8);
         entry_points!(@tile $m tile_q4 BlockQ4_0x8);
         entry_points!(@tile $m tile_q4k BlockQ4Kx8);
+        entry_points!(@tile $m tile_q6k BlockQ6Kx8);
     };
     (@tile $m:ident $name:ident $blk:ident) => {
         #[inline]

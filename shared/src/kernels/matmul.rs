@@ -204,10 +204,10 @@ impl<'a> MatRef<'a> {
     }
 
     /// Rows r .. r + 16 (two repacked groups) with tokens t0 .. t0 + n
-    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`),
+    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q6k`),
     /// `Kernels::TILE_TOKENS` tokens a call: `put(i, t, value)` for row
     /// r + i and token t; returns whether it was (the set has tile kernels
-    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K ones).
+    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q6_K ones).
     #[inline]
     fn prompt_tile<'x>(
         &self,
@@ -217,7 +217,9 @@ impl<'a> MatRef<'a> {
         one_token: &impl Fn(usize) -> (&'x [f32], ActRef<'x>),
         mut put: impl FnMut(usize, usize, f32),
     ) -> bool {
-        if Arch::TILE_TOKENS == 0 || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_) | Packed::Q4K(_)) {
+        if Arch::TILE_TOKENS == 0
+            || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_) | Packed::Q4K(_) | Packed::Q6K(_))
+        {
             return false;
         }
         let (Some(first), Some(_)) = (self.group_blocks(r), self.group_blocks(r + ROWS8)) else { return false };
@@ -234,6 +236,7 @@ impl<'a> MatRef<'a> {
                 Packed::Q8(p) => Arch::tile_q8(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q4(p) => Arch::tile_q4(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q4K(p) => Arch::tile_q4k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
+                Packed::Q6K(p) => Arch::tile_q6k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 _ => unreachable!("prompt_tile: checked above"),
             }
             for (j, row) in out[..run].iter().enumerate() {

@@ -139,7 +139,7 @@ pub trait Kernels {
 
     // ---- prompt tiles: two interleaved groups (16 rows) · a run of tokens
 
-    /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`, `tile_q4k`) of this set takes
+    /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q6k`) of this set takes
     /// at most; 0: the set has none, and `matmul` runs long batches through
     /// the eight-row kernels four tokens at a time.
     const TILE_TOKENS: usize = 0;
@@ -174,6 +174,13 @@ pub trait Kernels {
         for (x, o) in xs.iter().zip(out.iter_mut()) {
             o[..8].copy_from_slice(&Self::dot_q4k_r8(&w[..nb], *x));
             o[8..].copy_from_slice(&Self::dot_q4k_r8(&w[nb..2 * nb], *x));
+        }
+    }
+    /// As `tile_q4k` for Q6_K groups: `dot_q6k` of each row, bit for bit.
+    fn tile_q6k(w: &[BlockQ6Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            o[..8].copy_from_slice(&Self::dot_q6k_r8(&w[..nb], *x));
+            o[8..].copy_from_slice(&Self::dot_q6k_r8(&w[nb..2 * nb], *x));
         }
     }
 

@@ -718,7 +718,7 @@ fn int8_peak_counts_its_products() {
 #[test]
 #[ignore]
 fn bench_tiles() {
-    use crate::quant::{repack_q4_x8, repack_q4k_x8, repack_q8_x8, BlockQ4K};
+    use crate::quant::{repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ6K};
     let mut rng = Rng(5);
     let peak = {
         let t = std::time::Instant::now();
@@ -742,6 +742,15 @@ fn bench_tiles() {
         let p4 = repack_q4_x8(&w4, nb, "bench").unwrap();
         let p8 = repack_q8_x8(&w8, nb, Arch::Q8_X8_BIAS, "bench").unwrap();
         let pk = repack_q4k_x8(&wk, nbs, "bench").unwrap();
+        let w6: Vec<BlockQ6K> = (0..16 * nbs)
+            .map(|i| BlockQ6K {
+                ql: std::array::from_fn(|j| ((i * 29 + j * 11) % 256) as u8),
+                qh: std::array::from_fn(|j| ((i * 13 + j * 7) % 256) as u8),
+                scales: std::array::from_fn(|j| ((i * 5 + j * 3) % 256) as u8 as i8),
+                d: f16::from_f32(0.01),
+            })
+            .collect();
+        let p6 = repack_q6k_x8(&w6, nbs, "bench").unwrap();
         let acts: Vec<ActQ8> = (0..64).map(|_| act(&mut rng, nb).1).collect();
         let macs = (16 * cols * acts.len()) as f64;
         // best of 20 passes of `run` over the 64 tokens in runs of `n`
@@ -767,7 +776,8 @@ fn bench_tiles() {
             match kind {
                 0 => Arch::tile_q4(&p4, nb, xs, o),
                 1 => Arch::tile_q8(&p8, nb, xs, o),
-                _ => Arch::tile_q4k(&pk, nbs, xs, o),
+                2 => Arch::tile_q4k(&pk, nbs, xs, o),
+                _ => Arch::tile_q6k(&p6, nbs, xs, o),
             }
             std::hint::black_box(&out);
             out[0][0]
@@ -776,11 +786,15 @@ fn bench_tiles() {
         time("tile_q4", n, &mut |xs| tile(0, xs));
         time("tile_q8", n, &mut |xs| tile(1, xs));
         time("tile_q4k", n, &mut |xs| tile(2, xs));
+        time("tile_q6k", n, &mut |xs| tile(3, xs));
         time("dot_q4_r8_x4", 4, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], four(xs)))[0][0]).sum()
         });
         time("dot_q4k_r8_x4", 4, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4k_r8_x4(&pk[g * nbs..(g + 1) * nbs], four(xs)))[0][0]).sum()
+        });
+        time("dot_q6k_r8_x4", 4, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q6k_r8_x4(&p6[g * nbs..(g + 1) * nbs], four(xs)))[0][0]).sum()
         });
     }
 }

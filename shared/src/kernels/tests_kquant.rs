@@ -346,13 +346,13 @@ fn kquant_eight_row_dots_equal_single_row_dots() {
     }
 }
 
-/// The Q4_K prompt tile kernel (`tile_q4k`: two interleaved groups · a run
-/// of tokens) against the single-row dots, bit for bit: every row, every run
-/// length up to the set's `TILE_TOKENS` (four for the default), random and
-/// extreme blocks and activations.
+/// The K-quant prompt tile kernels (`tile_q4k`, `tile_q6k`: two interleaved
+/// groups · a run of tokens) against the single-row dots, bit for bit: every
+/// row, every run length up to the set's `TILE_TOKENS` (four for the
+/// default), random and extreme blocks and activations.
 #[test]
 fn kquant_prompt_tiles_equal_single_row_dots() {
-    use crate::quant::{repack_q4k_x8, ROWS8};
+    use crate::quant::{repack_q4k_x8, repack_q6k_x8, ROWS8};
     let mut rng = Rng(0x0071_174b);
     #[allow(clippy::absurd_extreme_comparisons)] // TILE_TOKENS is 0 in some sets
     let n_max = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
@@ -361,28 +361,34 @@ fn kquant_prompt_tiles_equal_single_row_dots() {
         .chain((0..4).flat_map(|p| [(1, p, true), (3, p, true)]))
     {
         let rows = 2 * ROWS8;
-        let w4 = q4k(&mut rng, rows * nb, pattern, extreme);
-        let p4 = repack_q4k_x8(&w4, nb, "test").unwrap();
+        let (w4, w6) = (q4k(&mut rng, rows * nb, pattern, extreme), q6k(&mut rng, rows * nb, pattern, extreme));
+        let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
         let acts: Vec<ActQ8> = (0..n_max).map(|_| acts(&mut rng, 8 * nb, pattern, extreme)).collect();
-        let want: Vec<[u32; 16]> = acts
-            .iter()
-            .map(|a| std::array::from_fn(|r| Arch::dot_q4k(&w4[r * nb..(r + 1) * nb], a.as_ref()).to_bits()))
-            .collect();
+        let want = |dot: &dyn Fn(usize, ActRef) -> f32| -> Vec<[u32; 16]> {
+            acts.iter().map(|a| std::array::from_fn(|r| dot(r, a.as_ref()).to_bits())).collect()
+        };
+        let want4 = want(&|r, x| Arch::dot_q4k(&w4[r * nb..(r + 1) * nb], x));
+        let want6 = want(&|r, x| Arch::dot_q6k(&w6[r * nb..(r + 1) * nb], x));
         for n in 1..=n_max {
             let xs: Vec<ActRef> = acts[..n].iter().map(|a| a.as_ref()).collect();
             let mut out = vec![[0.0f32; 16]; n];
+            let check = |name: &str, out: &[[f32; 16]], want: &[[u32; 16]]| {
+                for t in 0..n {
+                    assert_eq!(
+                        out[t].map(f32::to_bits),
+                        want[t],
+                        "{name} nb={nb} pattern={pattern} {extreme} n={n} t={t}"
+                    );
+                }
+            };
             Arch::tile_q4k(&p4, nb, &xs, &mut out);
-            for t in 0..n {
-                assert_eq!(
-                    out[t].map(f32::to_bits),
-                    want[t],
-                    "tile_q4k nb={nb} pattern={pattern} {extreme} n={n} t={t}"
-                );
-            }
+            check("tile_q4k", &out, &want4);
             Portable::tile_q4k(&p4, nb, &xs, &mut out);
-            for t in 0..n {
-                assert_eq!(out[t].map(f32::to_bits), want[t], "portable tile_q4k nb={nb} n={n} t={t}");
-            }
+            check("portable tile_q4k", &out, &want4);
+            Arch::tile_q6k(&p6, nb, &xs, &mut out);
+            check("tile_q6k", &out, &want6);
+            Portable::tile_q6k(&p6, nb, &xs, &mut out);
+            check("portable tile_q6k", &out, &want6);
         }
     }
 }

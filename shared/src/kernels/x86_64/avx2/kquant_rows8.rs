@@ -13,7 +13,7 @@
 //! the half h (16 weights) as i32 lanes.
 //!
 //! * Q4_K: S = sc[k][j]·(Σ over both halves), M = m[k][j]·Σ q_x (the
-//!   block's `sum`), both `vpmulld`; lane k of accumulator j +=
+//!   block's `sum`), both products of integers taken in f32 (exact); lane k of accumulator j +=
 //!   (d_k·d_x)·S − (dmin_k·d_x)·M, every product rounded on its own, no FMA
 //!   (`portable::k_min_term`). The codes are nibbles: (c, g)'s load holds
 //!   sub-block 2c (low nibbles) and 2c + 1 (high), unpacked in registers.
@@ -33,8 +33,10 @@
 //! |Σ q·q_x| ≤ 32·15·128, times sc ≤ 63: < 2^22; |M| ≤ 63·32·128 < 2^18;
 //! Q6_K |Σ_16 q·q_x| ≤ 16·63·128 < 2^17, |32·X_h| ≤ 32·16·128 = 2^16,
 //! |Σ_16 (q − 32)·q_x| ≤ 16·32·128 = 2^16, times |sc| ≤ 128, two of them:
-//! ≤ 2^24. All i32 arithmetic is exact, so S and M are `portable`'s
-//! integers and their conversions to f32 the same floats.
+//! ≤ 2^24. All i32 arithmetic is exact, and so is the f32 arithmetic on
+//! these integers (every factor, product and sum an integer of at most
+//! 2^24 in magnitude), so S and M are `portable`'s integers as the same
+//! floats.
 
 use core::arch::x86_64::*;
 
@@ -49,7 +51,7 @@ macro_rules! q4k_rows8_n {
     ($n:tt, $w:expr, $xs:expr, $dot16:expr $(,)?) => {{
         use core::arch::x86_64::*;
         use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, ld_rows, scales_f16};
-        use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8};
+        use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8_ps};
         use $crate::quant::{ActRef, BlockQ4Kx8, BlockQ8Act};
         let w: &[BlockQ4Kx8] = $w;
         let xs: [ActRef; $n] = $xs;
@@ -68,8 +70,8 @@ macro_rules! q4k_rows8_n {
                 let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
                 let lo = unroll!(8, |g| _mm256_and_si256(v[g], m4));
                 let hi = unroll!(8, |g| _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), m4));
-                let (sc0, mn0) = (lanes_u8(&blk.scales[2 * c]), lanes_u8(&blk.mins[2 * c]));
-                let (sc1, mn1) = (lanes_u8(&blk.scales[2 * c + 1]), lanes_u8(&blk.mins[2 * c + 1]));
+                let (sc0, mn0) = (lanes_u8_ps(&blk.scales[2 * c]), lanes_u8_ps(&blk.mins[2 * c]));
+                let (sc1, mn1) = (lanes_u8_ps(&blk.scales[2 * c + 1]), lanes_u8_ps(&blk.mins[2 * c + 1]));
                 let _ = unroll!($n, |t| {
                     let xb: &[BlockQ8Act; 8] = xs[t].blocks()[8 * s..8 * s + 8].try_into().unwrap();
                     let (x0, x1) = (&xb[2 * c], &xb[2 * c + 1]);
@@ -98,7 +100,7 @@ macro_rules! q6k_rows8_n {
     ($n:tt, $w:expr, $xs:expr, $dot16:expr, $codes6:expr $(,)?) => {{
         use core::arch::x86_64::*;
         use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, scales_f16};
-        use $crate::kernels::x86_64::avx2::kquant_rows8::{act_halves, lanes_i8};
+        use $crate::kernels::x86_64::avx2::kquant_rows8::{act_halves, lanes_i8_ps};
         use $crate::quant::{ActRef, BlockQ6Kx8, BlockQ8Act};
         let w: &[BlockQ6Kx8] = $w;
         let xs: [ActRef; $n] = $xs;
@@ -118,7 +120,7 @@ macro_rules! q6k_rows8_n {
                     codes6(&blk.qs[384 * c..384 * c + 256], &blk.qs[384 * c + 256..384 * c + 384]);
                 let _ = unroll!(2, |p| {
                     let (j, q) = (2 * c + p, &codes[p]);
-                    let (sc0, sc1) = (lanes_i8(&blk.scales[2 * j]), lanes_i8(&blk.scales[2 * j + 1]));
+                    let (sc0, sc1) = (lanes_i8_ps(&blk.scales[2 * j]), lanes_i8_ps(&blk.scales[2 * j + 1]));
                     let _ = unroll!($n, |t| {
                         let x: &BlockQ8Act = &xs[t].blocks()[8 * s + j];
                         let (h0, h1) = act_halves(x);
@@ -126,9 +128,11 @@ macro_rules! q6k_rows8_n {
                         let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
                         let a = _mm256_sub_epi32(a, _mm256_set1_epi32(32 * h0));
                         let b = _mm256_sub_epi32(b, _mm256_set1_epi32(32 * h1));
-                        let isum = _mm256_add_epi32(_mm256_mullo_epi32(sc0, a), _mm256_mullo_epi32(sc1, b));
+                        // S in f32, exact (module doc): sc·half ≤ 2^23, S ≤ 2^24
+                        let sa = _mm256_mul_ps(sc0, _mm256_cvtepi32_ps(a));
+                        let sb = _mm256_mul_ps(sc1, _mm256_cvtepi32_ps(b));
                         let dd = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
-                        acc[t][j] = _mm256_add_ps(acc[t][j], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+                        acc[t][j] = _mm256_add_ps(acc[t][j], _mm256_mul_ps(dd, _mm256_add_ps(sa, sb)));
                     });
                 });
             });
@@ -159,35 +163,38 @@ isa_features!(
         }
     }
 
-    /// Eight unsigned bytes (one per row) as i32 lanes.
+    /// Eight unsigned bytes (one per row) as f32 lanes (exact).
     #[inline]
-    pub(crate) fn lanes_u8(v: &[u8; 8]) -> __m256i {
-        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*v)))
+    pub(crate) fn lanes_u8_ps(v: &[u8; 8]) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*v))))
     }
 
-    /// Eight signed bytes (one per row) as i32 lanes.
+    /// Eight signed bytes (one per row) as f32 lanes (exact).
     #[inline]
-    pub(crate) fn lanes_i8(v: &[i8; 8]) -> __m256i {
-        _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(v.map(|b| b as u8))))
+    pub(crate) fn lanes_i8_ps(v: &[i8; 8]) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(v.map(|b| b as u8)))))
     }
 
     /// Lane k += (d_k·d_x)·S_k − (dmin_k·d_x)·M_k with S = sc·isum and M =
-    /// m·Σq_x (exact i32), each product rounded, no FMA (`portable::k_min_term`).
+    /// m·Σq_x, each product rounded, no FMA (`portable::k_min_term`). S and
+    /// M are products of integers taken in f32 (`sc`, `mn` as f32 lanes):
+    /// exact, factors and products being below 2^24 (module doc), and
+    /// cheaper than `vpmulld`.
     #[inline]
     pub(crate) fn k_min_rows(
         acc: __m256,
         isum: __m256i,
-        sc: __m256i,
-        mn: __m256i,
+        sc: __m256,
+        mn: __m256,
         x: &BlockQ8Act,
         d: __m256,
         dmin: __m256,
     ) -> __m256 {
         let dx = _mm256_set1_ps(x.d);
-        let s = _mm256_mullo_epi32(sc, isum);
-        let m = _mm256_mullo_epi32(mn, _mm256_set1_epi32(x.sum));
-        let a = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(s));
-        let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m));
+        let s = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(isum));
+        let m = _mm256_mul_ps(mn, _mm256_set1_ps(x.sum as f32));
+        let a = _mm256_mul_ps(_mm256_mul_ps(d, dx), s);
+        let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), m);
         _mm256_add_ps(acc, _mm256_sub_ps(a, b))
     }
 

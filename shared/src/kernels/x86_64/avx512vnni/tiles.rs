@@ -1,4 +1,5 @@
-//! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`, `tile_q4k`): sixteen
+//! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`, `tile_q4k`,
+//! `tile_q6k`): sixteen
 //! rows, two interleaved groups side by side in one zmm (a lane per row),
 //! against up to eight tokens. Each block's weights are loaded (and for Q4
 //! unpacked) once for all the tokens, and each token's broadcast
@@ -16,7 +17,8 @@ use core::arch::x86_64::*;
 use half::f16;
 
 use super::super::avx2::int8::ld_rows;
-use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8};
+use super::super::avx2::kquant_rows8::act_halves;
+use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
 
 /// The loop of `tile_q8` / `tile_q4` for `$n` tokens: `|b0, b1| weights`
 /// gives a block's eight weight vectors (groups 0 and 1 of block b, four
@@ -72,18 +74,62 @@ macro_rules! tile16_q4k_n {
                 let (b0, b1) = (&w0[s], &w1[s]);
                 let (q0, q1) = (&b0.qs[256 * c..256 * c + 256], &b1.qs[256 * c..256 * c + 256]);
                 let codes = unroll!(8, |g| _mm512_and_si512(_mm512_srl_epi16(ld_pair(q0, q1, g), shift), m4));
-                let (sc, mn) = (lanes16_u8(&b0.scales[j], &b1.scales[j]), lanes16_u8(&b0.mins[j], &b1.mins[j]));
+                let sc = _mm512_cvtepi32_ps(lanes16_u8(&b0.scales[j], &b1.scales[j]));
+                let mn = _mm512_cvtepi32_ps(lanes16_u8(&b0.mins[j], &b1.mins[j]));
                 let (d, dmin) = (scales16(&b0.d, &b1.d), scales16(&b0.dmin, &b1.dmin));
                 let _ = unroll!($n, |t| {
                     let x = &xs[t][8 * s + j];
                     let mut isum = _mm512_setzero_si512();
                     let _ = unroll!(8, |g| isum = _mm512_dpbusd_epi32(isum, codes[g], bcast4(x, g)));
                     let dx = _mm512_set1_ps(x.d);
-                    let sv = _mm512_mullo_epi32(sc, isum);
-                    let mv = _mm512_mullo_epi32(mn, _mm512_set1_epi32(x.sum));
-                    let a = _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sv));
-                    let b = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(mv));
+                    // sc·isum and m·Σq_x in f32: exact, both factors and the
+                    // products being integers below 2^24 (k_min_term's S, M)
+                    let sv = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum));
+                    let mv = _mm512_mul_ps(mn, _mm512_cvtepi32_ps(_mm512_set1_epi32(x.sum)));
+                    let a = _mm512_mul_ps(_mm512_mul_ps(d, dx), sv);
+                    let b = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), mv);
                     acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, b));
+                });
+            }
+            let _ = unroll!($n, |t| part[t][j] = acc[t]);
+        }
+        let _ = unroll!($n, |t| combine_store(&part[t], &mut out[t]));
+    }};
+}
+
+/// Q6_K's loop for `$n` tokens (`tile_q6k`): as `tile16_q4k_n!`, sub-block
+/// j of each super-block into partial sum j (`portable::dot_q6k`'s order):
+/// per half h of the sub-block, Σ (q − 32)·q_x = Σ q·q_x − 32·X_h (X_h the
+/// activations' sum over the half, `act_halves`; the chain starts from
+/// −32·X_h), S = sc[2j]·(half 0) + sc[2j + 1]·(half 1) taken in f32 (exact,
+/// avx2/kquant_rows8.rs's bounds), lane k += (d_k·d_x)·S.
+macro_rules! tile16_q6k_n {
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr) => {{
+        let (nb, xs, out) = ($nb, $xs, $out);
+        let (w0, w1): (&[BlockQ6Kx8], &[BlockQ6Kx8]) = (&$w[..nb], &$w[nb..2 * nb]);
+        let xs: [&[BlockQ8Act]; $n] = unroll!($n, |t| &xs[t].blocks()[..8 * nb]);
+        let mut part = [[_mm512_setzero_ps(); 8]; $n]; // [token][partial sum]
+        for j in 0..8 {
+            let mut acc = [_mm512_setzero_ps(); $n];
+            for s in 0..nb {
+                let (b0, b1) = (&w0[s], &w1[s]);
+                let codes = q6k_codes16(b0, b1, j);
+                let sc0 = _mm512_cvtepi32_ps(lanes16_i8(&b0.scales[2 * j], &b1.scales[2 * j]));
+                let sc1 = _mm512_cvtepi32_ps(lanes16_i8(&b0.scales[2 * j + 1], &b1.scales[2 * j + 1]));
+                let d = scales16(&b0.d, &b1.d);
+                let _ = unroll!($n, |t| {
+                    let x = &xs[t][8 * s + j];
+                    let (h0, h1) = act_halves(x);
+                    let mut a = _mm512_set1_epi32(-32 * h0);
+                    let mut b = _mm512_set1_epi32(-32 * h1);
+                    let _ = unroll!(4, |g| {
+                        a = _mm512_dpbusd_epi32(a, codes[g], bcast4(x, g));
+                        b = _mm512_dpbusd_epi32(b, codes[4 + g], bcast4(x, 4 + g));
+                    });
+                    let sa = _mm512_mul_ps(sc0, _mm512_cvtepi32_ps(a));
+                    let sb = _mm512_mul_ps(sc1, _mm512_cvtepi32_ps(b));
+                    let dd = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(dd, _mm512_add_ps(sa, sb)));
                 });
             }
             let _ = unroll!($n, |t| part[t][j] = acc[t]);
@@ -138,6 +184,43 @@ isa_features!(
         _mm512_cvtepu8_epi32(_mm_set_epi64x(i64::from_le_bytes(*b), i64::from_le_bytes(*a)))
     }
 
+    /// Sixteen signed bytes (groups 0 and 1's, one per row) as i32 lanes.
+    #[inline]
+    fn lanes16_i8(a: &[i8; 8], b: &[i8; 8]) -> __m512i {
+        let (a, b) = (a.map(|v| v as u8), b.map(|v| v as u8));
+        _mm512_cvtepi8_epi32(_mm_set_epi64x(i64::from_le_bytes(b), i64::from_le_bytes(a)))
+    }
+
+    /// The 6-bit codes (bytes 0..63) of sub-block j of two interleaved Q6_K
+    /// super-blocks, groups 0 and 1 side by side (`quant::BlockQ6Kx8`;
+    /// avx512vnni's `q6k_codes_r8` for one sub-block of both groups): the
+    /// low bits are nibble j % 2 of part j / 2's `ql` loads g, the high bits
+    /// field g % 4 of its `qh` load 2·(j % 2) + g / 4, moved to bits 4..5 by
+    /// a 16-bit shift (what crosses into the next byte is masked off).
+    #[inline]
+    fn q6k_codes16(b0: &BlockQ6Kx8, b1: &BlockQ6Kx8, j: usize) -> [__m512i; 8] {
+        let (c, p) = (j / 2, j % 2);
+        let (m4, m33) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x33));
+        let (ql0, ql1) = (&b0.qs[384 * c..384 * c + 256], &b1.qs[384 * c..384 * c + 256]);
+        let (qh0, qh1) = (&b0.qs[384 * c + 256..384 * c + 384], &b1.qs[384 * c + 256..384 * c + 384]);
+        let h = unroll!(2, |i| {
+            let x = ld_pair(qh0, qh1, 2 * p + i);
+            [_mm512_and_si512(x, m33), _mm512_and_si512(_mm512_srli_epi16::<2>(x), m33)]
+        });
+        let high = |g: usize| match g % 4 {
+            0 => _mm512_slli_epi16::<4>(h[g / 4][0]),
+            1 => _mm512_slli_epi16::<4>(h[g / 4][1]),
+            2 => h[g / 4][0],
+            _ => h[g / 4][1],
+        };
+        let shift = _mm_cvtsi32_si128(4 * p as i32);
+        // m4 ? nibbles : high bits, bitwise (imm 0xE4: c ? a : b).
+        unroll!(8, |g| {
+            let nib = _mm512_srl_epi16(ld_pair(ql0, ql1, g), shift);
+            _mm512_ternarylogic_epi32::<0xE4>(nib, high(g), m4)
+        })
+    }
+
     /// A token's sixteen results from its eight partial sums: ((p0 + p4) +
     /// (p1 + p5)) + ((p2 + p6) + (p3 + p7)) per lane, `portable::combine8`.
     #[inline]
@@ -184,5 +267,10 @@ isa_features!(
     /// Two interleaved Q4_K groups (`nb` super-blocks each) · up to eight tokens.
     pub(crate) fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
         tile16!(tile16_q4k_n, w, nb, xs, out)
+    }
+
+    /// Two interleaved Q6_K groups (`nb` super-blocks each) · up to eight tokens.
+    pub(crate) fn tile_q6k(w: &[BlockQ6Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile16!(tile16_q6k_n, w, nb, xs, out)
     }
 );
