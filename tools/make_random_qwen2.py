@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""Random-weight GGUF at Qwen2.5-1.5B-Instruct's shapes, for speed measurements.
+"""Random-weight GGUF at Qwen2.5-1.5B-Instruct's shapes (or Qwen2.5-7B's, 7.6B
+parameters, with --shape 7b), for speed measurements.
 
-    python3 tools/make_random_qwen2.py [-o model-f16.gguf] [--tokenizer DIR] [--seed 0]
+    python3 tools/make_random_qwen2.py [-o model-f16.gguf] [--shape 1.5b|7b] [--tokenizer DIR] [--seed 0]
     llama-quantize model-f16.gguf qwen2.5-1.5b-random-Q4_K_M.gguf Q4_K_M
+    python3 tools/make_random_qwen2.py --shape 7b --q4km -o qwen2.5-7b-random-Q4_K_M.gguf
+
+--q4km writes Q4_K_M's types directly, random codes and scales as
+tools/make_random_moe.py does (Q6_K for the output, and for attn_v and
+ffn_down where llama-quantize puts it): the 7B file is 4.7 GB and takes
+a minute, with no 15 GB F16 file and no quantisation.
 
 (docs/PERFORMANCE.md#gguf-files-beside-llamacpp times this file; tools/bench_llamacpp.sh
 builds llama-quantize).
 
 Matrices F16 (std 0.02), norms F32 (1.0), q/k/v biases F32 (std 0.002),
-tied embeddings (no output.weight). Metadata as convert_hf_to_gguf.py writes for
+tied embeddings (no output.weight) at 1.5B, an output.weight of its own at 7B
+(as the real models). Tensors are made and written one at a time, so the
+7B file (15 GB) needs no more memory than its largest matrix. Metadata as convert_hf_to_gguf.py writes for
 Qwen2ForCausalLM. Tokenizer: SmolLM2's byte-level BPE (gpt2 / pre "smollm"),
 padded with "<|pad_N|>" control tokens up to Qwen2.5's 151936 rows.
 Needs: pip install gguf numpy
@@ -21,13 +30,12 @@ import gguf
 import numpy as np
 
 ARCH = "qwen2"
-N_VOCAB = 151936
-N_EMBD = 1536
-N_LAYER = 28
-N_HEAD = 12
-N_HEAD_KV = 2
+# vocabulary rows, embedding, layers, heads, KV heads, feed-forward, tied embeddings
+SHAPES = {
+    "1.5b": dict(vocab=151936, embd=1536, layers=28, heads=12, heads_kv=2, ff=8960, tied=True),
+    "7b": dict(vocab=152064, embd=3584, layers=28, heads=28, heads_kv=4, ff=18944, tied=False),
+}
 HEAD_DIM = 128
-N_FF = 8960
 N_CTX = 32768
 ROPE_THETA = 1000000.0
 RMS_EPS = 1e-6
@@ -86,22 +94,25 @@ def main():
     ap.add_argument("--tokenizer", default=str(Path(__file__).resolve().parents[2] / "shared" / "fixtures" /
                                                "tokenizers" / "smollm2"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
+    ap.add_argument("--q4km", action="store_true", help="Q4_K_M's types, random blocks")
     args = ap.parse_args()
+    sh = SHAPES[args.shape]
     rng = np.random.default_rng(args.seed)
     tokdir = Path(args.tokenizer)
 
     w = gguf.GGUFWriter(args.out, ARCH)
     # general.* as the converter writes them (subset)
     w.add_type("model")
-    w.add_name("Qwen2.5 1.5B Instruct (random weights)")
-    w.add_size_label("1.5B")
+    w.add_name(f"Qwen2.5 {args.shape.upper()} Instruct (random weights)")
+    w.add_size_label(args.shape.upper())
     w.add_finetune("Instruct")
     w.add_basename("Qwen2.5")
     # hparams (TextModel.set_gguf_parameters for Qwen2ForCausalLM)
-    add_hparams(w, N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_hparams(w, sh["layers"], N_CTX, sh["embd"], sh["ff"], sh["heads"], sh["heads_kv"], ROPE_THETA, RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if args.q4km else gguf.LlamaFileType.MOSTLY_F16)
 
-    add_tokenizer(w, tokdir, N_VOCAB)
+    add_tokenizer(w, tokdir, sh["vocab"])
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -112,27 +123,47 @@ def main():
     def bias(n):
         return rng.standard_normal(n, dtype=np.float32) * 0.002
 
-    n_kv = N_HEAD_KV * HEAD_DIM
-    w.add_tensor("token_embd.weight", mat(N_VOCAB, N_EMBD))
-    w.add_tensor("output_norm.weight", ones(N_EMBD))
-    for b in range(N_LAYER):
+    # (name, shape, make): listed first, made and written one by one
+    embd, ff, q, n_kv = sh["embd"], sh["ff"], sh["heads"] * HEAD_DIM, sh["heads_kv"] * HEAD_DIM
+    tensors = [("token_embd.weight", (sh["vocab"], embd), mat), ("output_norm.weight", (embd,), ones)]
+    if not sh["tied"]:
+        tensors.append(("output.weight", (sh["vocab"], embd), mat))
+    for b in range(sh["layers"]):
         p = f"blk.{b}."
-        w.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
-        w.add_tensor(p + "attn_q.weight", mat(N_HEAD * HEAD_DIM, N_EMBD))
-        w.add_tensor(p + "attn_q.bias", bias(N_HEAD * HEAD_DIM))
-        w.add_tensor(p + "attn_k.weight", mat(n_kv, N_EMBD))
-        w.add_tensor(p + "attn_k.bias", bias(n_kv))
-        w.add_tensor(p + "attn_v.weight", mat(n_kv, N_EMBD))
-        w.add_tensor(p + "attn_v.bias", bias(n_kv))
-        w.add_tensor(p + "attn_output.weight", mat(N_EMBD, N_HEAD * HEAD_DIM))
-        w.add_tensor(p + "ffn_norm.weight", ones(N_EMBD))
-        w.add_tensor(p + "ffn_gate.weight", mat(N_FF, N_EMBD))
-        w.add_tensor(p + "ffn_up.weight", mat(N_FF, N_EMBD))
-        w.add_tensor(p + "ffn_down.weight", mat(N_EMBD, N_FF))
+        tensors += [
+            (p + "attn_norm.weight", (embd,), ones),
+            (p + "attn_q.weight", (q, embd), mat),
+            (p + "attn_q.bias", (q,), bias),
+            (p + "attn_k.weight", (n_kv, embd), mat),
+            (p + "attn_k.bias", (n_kv,), bias),
+            (p + "attn_v.weight", (n_kv, embd), mat),
+            (p + "attn_v.bias", (n_kv,), bias),
+            (p + "attn_output.weight", (embd, q), mat),
+            (p + "ffn_norm.weight", (embd,), ones),
+            (p + "ffn_gate.weight", (ff, embd), mat),
+            (p + "ffn_up.weight", (ff, embd), mat),
+            (p + "ffn_down.weight", (embd, ff), mat),
+        ]
+    if args.q4km:
+        from make_random_moe import Q4_K, Q6_K, blocks, more_bits
 
+        def qtype(name):
+            layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+            more = layer >= 0 and more_bits(layer, sh["layers"]) and ("attn_v" in name or "ffn_down" in name)
+            return Q6_K if name == "output.weight" or more else Q4_K
+
+    for name, shape, make in tensors:
+        if make is mat and args.q4km:
+            byte_shape = (shape[0], shape[1] // 256 * gguf.GGML_QUANT_SIZES[qtype(name)][1])
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype(name))
+        else:
+            dtype = np.float16 if make is mat else np.float32
+            w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
+    w.write_ti_data_to_file()
+    for name, shape, make in tensors:
+        w.write_tensor_data(blocks(rng, qtype(name), shape) if make is mat and args.q4km else make(*shape))
     w.close()
     print(f"wrote {args.out}")
 
