@@ -85,6 +85,15 @@ impl GenRequest {
             None => DEFAULT_COMPLETION_TOKENS.min(room),
         }
     }
+
+    /// The tools the template shows the model: none when `tool_choice` is "none".
+    pub fn shown_tools(&self) -> &[Tool] {
+        if self.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &self.tools
+        }
+    }
 }
 
 /// Fields both endpoints accept.

@@ -45,9 +45,8 @@ fn chat_prompt(srv: &Server, greq: &GenRequest, messages: &[Message]) -> Result<
     let template = srv.template.ok_or_else(|| {
         ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
     })?;
-    let shown: &[Tool] = if greq.tool_choice == ToolChoice::None { &[] } else { &greq.tools };
     let text = template
-        .format_with_tools(srv.system.as_deref(), messages, shown)
+        .format_with_tools(srv.system.as_deref(), messages, greq.shown_tools())
         .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
     Ok((template, text))
 }
@@ -92,7 +91,6 @@ fn prepare(
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
             let (template, mut text) = chat_prompt(srv, &greq, m)?;
-            let shown: &[Tool] = if greq.tool_choice == ToolChoice::None { &[] } else { &greq.tools };
             let syntax = template.call_syntax();
             let forced: Vec<Tool> = match &greq.tool_choice {
                 ToolChoice::None | ToolChoice::Auto => Vec::new(),
@@ -107,7 +105,7 @@ fn prepare(
                 let g = syntax.grammar(&forced, parallel, deadline).map_err(|e| grammar_error("tools", e))?;
                 greq.params.grammar = Some(Arc::new(g));
             }
-            if !shown.is_empty() {
+            if !greq.shown_tools().is_empty() {
                 calls = Some(syntax);
             }
             // only the template's text may hold control tokens: the messages' are plain text
