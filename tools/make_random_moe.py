@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from make_random_qwen2 import add_hparams, add_tokenizer
+from make_random_qwen2 import F32, Q4_K, Q6_K, add_block_info, add_hparams, add_tokenizer, blocks, more_bits
 
 ARCH = "qwen3moe"
 N_VOCAB = 151936
@@ -38,28 +38,6 @@ N_FF_EXP = 768
 N_CTX = 40960
 ROPE_THETA = 1000000.0
 RMS_EPS = 1e-6
-Q4_K, Q6_K, F32 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.F32
-
-
-def more_bits(layer, n_layers):
-    """llama-quantize's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down."""
-    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
-
-
-def blocks(rng, qtype, shape):
-    """Random blocks of `qtype` for a tensor of `shape` (rows first, the last a multiple of 256),
-    as the uint8 array GGUFWriter takes."""
-    rows = int(np.prod(shape[:-1]))
-    nb = rows * shape[-1] // 256
-    if qtype == Q4_K:  # d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes
-        b = rng.integers(0, 256, size=(nb, 144), dtype=np.uint8)
-        b[:, 0:2] = np.frombuffer(np.float16(6e-5).tobytes(), np.uint8)
-        b[:, 2:4] = np.frombuffer(np.float16(4e-5).tobytes(), np.uint8)
-    else:  # Q6_K: 128 bytes low bits, 64 high bits, 16 int8 scales, d (f16)
-        b = rng.integers(0, 256, size=(nb, 210), dtype=np.uint8)
-        b[:, 192:208] = rng.integers(-40, 40, size=(nb, 16), dtype=np.int8).view(np.uint8)
-        b[:, 208:210] = np.frombuffer(np.float16(3e-5).tobytes(), np.uint8)
-    return b.reshape(*shape[:-1], shape[-1] // 256 * b.shape[1])
 
 
 def plan(n_layers):
@@ -110,8 +88,7 @@ def main():
         if qtype == F32:
             w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
         else:
-            byte_shape = (*shape[:-1], shape[-1] // 256 * gguf.GGML_QUANT_SIZES[qtype][1])
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+            add_block_info(w, name, shape, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -7,8 +7,8 @@ parameters, with --shape 7b), for speed measurements.
     python3 tools/make_random_qwen2.py --shape 7b --q4km -o qwen2.5-7b-random-Q4_K_M.gguf
 
 --q4km writes Q4_K_M's types directly, random codes and scales as
-tools/make_random_moe.py does (Q6_K for the output, and for attn_v and
-ffn_down where llama-quantize puts it): the 7B file is 4.7 GB and takes
+tools/make_random_moe.py does (Q6_K for the output head, the tied
+embedding at 1.5B, and for attn_v and ffn_down where llama-quantize puts it): the 7B file is 4.7 GB and takes
 a minute, with no 15 GB F16 file and no quantisation.
 
 (docs/PERFORMANCE.md#gguf-files-beside-llamacpp times this file; tools/bench_llamacpp.sh
@@ -87,6 +87,36 @@ def add_tokenizer(w, tokdir, n_vocab):
     special.add_to_gguf(w)
 
 
+Q4_K, Q6_K, F32 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.F32
+F16 = gguf.GGMLQuantizationType.F16
+
+
+def more_bits(layer, n_layers):
+    """llama-quantize's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def blocks(rng, qtype, shape):
+    """Random blocks of `qtype` for a tensor of `shape` (rows first, the last a multiple of 256),
+    as the uint8 array GGUFWriter takes."""
+    rows = int(np.prod(shape[:-1]))
+    nb = rows * shape[-1] // 256
+    if qtype == Q4_K:  # d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes
+        b = rng.integers(0, 256, size=(nb, 144), dtype=np.uint8)
+        b[:, 0:2] = np.frombuffer(np.float16(6e-5).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(4e-5).tobytes(), np.uint8)
+    else:  # Q6_K: 128 bytes low bits, 64 high bits, 16 int8 scales, d (f16)
+        b = rng.integers(0, 256, size=(nb, 210), dtype=np.uint8)
+        b[:, 192:208] = rng.integers(-40, 40, size=(nb, 16), dtype=np.int8).view(np.uint8)
+        b[:, 208:210] = np.frombuffer(np.float16(3e-5).tobytes(), np.uint8)
+    return b.reshape(*shape[:-1], shape[-1] // 256 * b.shape[1])
+
+
+def add_block_info(w, name, shape, qtype):
+    """The table entry of a tensor of `shape` (rows first) stored as `qtype` blocks of 256 weights."""
+    byte_shape = (*shape[:-1], shape[-1] // 256 * gguf.GGML_QUANT_SIZES[qtype][1])
+    w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -123,47 +153,45 @@ def main():
     def bias(n):
         return rng.standard_normal(n, dtype=np.float32) * 0.002
 
-    # (name, shape, make): listed first, made and written one by one
+    # (name, shape, make, type): listed first, made and written one by one. Matrices are F16, or
+    # with --q4km Q4_K but where llama-quantize's Q4_K_M puts Q6_K: the output head (the tied
+    # embedding when there is no output.weight), attn_v and ffn_down of the more_bits layers
     embd, ff, q, n_kv = sh["embd"], sh["ff"], sh["heads"] * HEAD_DIM, sh["heads_kv"] * HEAD_DIM
-    tensors = [("token_embd.weight", (sh["vocab"], embd), mat), ("output_norm.weight", (embd,), ones)]
+
+    def matrix(more_bits_here=False):
+        return mat, ((Q6_K if more_bits_here else Q4_K) if args.q4km else F16)
+
+    tensors = [("token_embd.weight", (sh["vocab"], embd), *matrix(sh["tied"])),
+               ("output_norm.weight", (embd,), ones, F32)]
     if not sh["tied"]:
-        tensors.append(("output.weight", (sh["vocab"], embd), mat))
+        tensors.append(("output.weight", (sh["vocab"], embd), *matrix(True)))
     for b in range(sh["layers"]):
-        p = f"blk.{b}."
+        p, more = f"blk.{b}.", more_bits(b, sh["layers"])
         tensors += [
-            (p + "attn_norm.weight", (embd,), ones),
-            (p + "attn_q.weight", (q, embd), mat),
-            (p + "attn_q.bias", (q,), bias),
-            (p + "attn_k.weight", (n_kv, embd), mat),
-            (p + "attn_k.bias", (n_kv,), bias),
-            (p + "attn_v.weight", (n_kv, embd), mat),
-            (p + "attn_v.bias", (n_kv,), bias),
-            (p + "attn_output.weight", (embd, q), mat),
-            (p + "ffn_norm.weight", (embd,), ones),
-            (p + "ffn_gate.weight", (ff, embd), mat),
-            (p + "ffn_up.weight", (ff, embd), mat),
-            (p + "ffn_down.weight", (embd, ff), mat),
+            (p + "attn_norm.weight", (embd,), ones, F32),
+            (p + "attn_q.weight", (q, embd), *matrix()),
+            (p + "attn_q.bias", (q,), bias, F32),
+            (p + "attn_k.weight", (n_kv, embd), *matrix()),
+            (p + "attn_k.bias", (n_kv,), bias, F32),
+            (p + "attn_v.weight", (n_kv, embd), *matrix(more)),
+            (p + "attn_v.bias", (n_kv,), bias, F32),
+            (p + "attn_output.weight", (embd, q), *matrix()),
+            (p + "ffn_norm.weight", (embd,), ones, F32),
+            (p + "ffn_gate.weight", (ff, embd), *matrix()),
+            (p + "ffn_up.weight", (ff, embd), *matrix()),
+            (p + "ffn_down.weight", (embd, ff), *matrix(more)),
         ]
-    if args.q4km:
-        from make_random_moe import Q4_K, Q6_K, blocks, more_bits
-
-        def qtype(name):
-            layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-            more = layer >= 0 and more_bits(layer, sh["layers"]) and ("attn_v" in name or "ffn_down" in name)
-            return Q6_K if name == "output.weight" or more else Q4_K
-
-    for name, shape, make in tensors:
-        if make is mat and args.q4km:
-            byte_shape = (shape[0], shape[1] // 256 * gguf.GGML_QUANT_SIZES[qtype(name)][1])
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype(name))
+    for name, shape, _, qtype in tensors:
+        if qtype in (Q4_K, Q6_K):
+            add_block_info(w, name, shape, qtype)
         else:
-            dtype = np.float16 if make is mat else np.float32
+            dtype = np.float16 if qtype == F16 else np.float32
             w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shape, make in tensors:
-        w.write_tensor_data(blocks(rng, qtype(name), shape) if make is mat and args.q4km else make(*shape))
+    for _, shape, make, qtype in tensors:
+        w.write_tensor_data(blocks(rng, qtype, shape) if qtype in (Q4_K, Q6_K) else make(*shape))
     w.close()
     print(f"wrote {args.out}")
 
