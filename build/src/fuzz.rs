@@ -14,8 +14,19 @@ use std::process::{Command, Stdio};
 
 use super::{cargo, repo_root, run};
 
-pub const TARGETS: &[&str] =
-    &["mlb", "mlt", "gguf", "http_head", "json_request", "json_schema", "gbnf", "imatrix", "scaled", "import_sources"];
+pub const TARGETS: &[&str] = &[
+    "mlb",
+    "mlt",
+    "gguf",
+    "http_head",
+    "json_request",
+    "json_schema",
+    "gbnf",
+    "imatrix",
+    "scaled",
+    "import_sources",
+    "chat_template",
+];
 
 /// Seconds one input may take before libFuzzer calls it a hang: 20, and 3
 /// for `scaled`, whose inputs (at most 256 KiB of request text) the linear

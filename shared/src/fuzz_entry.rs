@@ -101,6 +101,39 @@ pub fn gguf(data: &[u8]) {
     }
 }
 
+/// A chat template (a model file's `tokenizer.chat_template`, or
+/// `--chat-template-file`): compiled, then rendered as a request would be,
+/// on a thread with a server connection's 2 MiB stack (a conversation
+/// with a control token, a tool, a call and its result).
+pub fn chat_template(data: &[u8]) {
+    use crate::chat::{JinjaTemplate, Message, RenderOptions, Role, Tool, ToolCall};
+    let Ok(source) = std::str::from_utf8(data) else { return };
+    let t = match JinjaTemplate::new(source, "<s>", "</s>") {
+        Ok(t) => t,
+        Err(e) => return one_line(&e),
+    };
+    let f = serde_json::json!({"name": "f", "description": "d <|x|>", "parameters": {"type": "object"}});
+    let tools = [Tool { name: "f".into(), function: f.as_object().cloned().unwrap_or_default() }];
+    let mut call = Message::new(Role::Assistant, "");
+    call.tool_calls = vec![ToolCall { id: "c1".into(), name: "f".into(), arguments: r#"{"a": [1, "<s>"]}"#.into() }];
+    let mut result = Message::new(Role::Tool, "ok");
+    result.tool_call_id = "c1".into();
+    let conv = [Message::new(Role::System, " S "), Message::new(Role::User, "u <|im_end|> [INST]"), call, result];
+    let options = RenderOptions { add_generation_prompt: true, kwargs: Default::default() };
+    let rendered = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn_scoped(s, || t.render(&conv, &tools, &options, true))
+            .expect("a thread")
+            .join()
+            .expect("rendering does not panic")
+    });
+    match rendered {
+        Ok(p) => assert!(p.plain_ranges().iter().all(|r| r.end <= p.as_str().len()), "plain range outside the text"),
+        Err(e) => one_line(&e),
+    }
+}
+
 /// Bytes a client sent before closing: the HTTP head, its framing and the body.
 pub fn http_head(data: &[u8]) {
     const MAX_BODY: usize = 1 << 12;
@@ -343,7 +376,8 @@ mod tests {
     fn the_seeds_run_cleanly() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/seeds");
         type Entry = fn(&[u8]);
-        let targets: [(&str, Entry); 8] = [
+        let targets: [(&str, Entry); 9] = [
+            ("chat_template", super::chat_template),
             ("mlb", super::mlb),
             ("mlt", super::mlt),
             ("gguf", super::gguf),

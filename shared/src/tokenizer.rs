@@ -42,6 +42,7 @@ pub struct Tokenizer {
     unk: Option<u32>,
     pad: Option<u32>,
     chat_template: String,
+    chat_jinja: String,
     types: Vec<u8>,
     /// Token string -> first id with that string.
     vocab: HashMap<Box<str>, u32>,
@@ -95,6 +96,7 @@ impl Tokenizer {
             unk: raw.unk,
             pad: raw.pad,
             chat_template: raw.chat_template,
+            chat_jinja: raw.chat_jinja,
             types: raw.types,
             vocab,
             merges,
@@ -327,6 +329,21 @@ impl Tokenizer {
     /// Chat template kind name from the file (`chatml`, `gemma`, ...; may be empty).
     pub fn chat_template(&self) -> &str {
         &self.chat_template
+    }
+
+    /// The model's own chat template (Jinja source; empty if none).
+    pub fn chat_jinja(&self) -> &str {
+        &self.chat_jinja
+    }
+
+    /// A token's text (`bos_token`, `eos_token` in a template), empty for none.
+    pub fn token_text(&self, id: Option<u32>) -> String {
+        id.map_or(String::new(), |i| String::from_utf8_lossy(self.piece(i)).into_owned())
+    }
+
+    /// Whether encoding adds BOS.
+    pub fn adds_bos(&self) -> bool {
+        self.flag(mlt::FLAG_ADD_BOS) && self.bos.is_some()
     }
 
     pub fn is_control(&self, id: u32) -> bool {

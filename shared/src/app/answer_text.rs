@@ -1,16 +1,16 @@
 //! How the command line shows an answer as it streams: its text on stdout,
-//! and, for a template whose answers carry reasoning apart (harmony:
-//! gpt-oss's analysis channel), the reasoning on stderr, dimmed on a
-//! terminal, so that stdout holds the answer alone.
+//! and, in a chat, its reasoning (gpt-oss's analysis channel, a `<think>`
+//! block) on stderr, dimmed on a terminal, so that stdout holds the answer
+//! alone.
 
 use std::io::{IsTerminal, Write};
 
 use super::stdout;
-use crate::chat::harmony::{Channels, Split};
-use crate::chat::Template;
+use crate::chat::harmony::Split;
+use crate::chat::reasoning::Reasoning;
 
 pub struct AnswerText {
-    channels: Option<Channels>,
+    channels: Option<Reasoning>,
     /// The escape codes around reasoning (empty unless stderr is a terminal).
     dim: (&'static str, &'static str),
     /// The answer's text shown so far (its content, without the reasoning).
@@ -18,10 +18,11 @@ pub struct AnswerText {
 }
 
 impl AnswerText {
-    pub fn new(template: Option<Template>) -> AnswerText {
+    /// `reasoning`: how a chat answer's reasoning is told apart (None: a raw prompt's text).
+    pub fn new(reasoning: Option<Reasoning>) -> AnswerText {
         let terminal = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         AnswerText {
-            channels: (template == Some(Template::Harmony)).then(Channels::new),
+            channels: reasoning,
             dim: if terminal { ("\x1b[2m", "\x1b[0m") } else { ("", "") },
             content: String::new(),
         }
@@ -38,7 +39,7 @@ impl AnswerText {
 
     /// The end of the answer: what was held back.
     pub fn finish(&mut self) -> Result<(), String> {
-        match self.channels.as_mut().map(Channels::finish) {
+        match self.channels.as_mut().map(Reasoning::finish) {
             Some(split) => self.write(split),
             None => Ok(()),
         }

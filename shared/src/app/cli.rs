@@ -17,7 +17,8 @@ use super::measure;
 use super::options::{startup_line, ModelFile, RunArgs};
 use super::speculative_options::SpecArgs;
 use super::stdout;
-use crate::chat::PromptText;
+use crate::chat::reasoning::Reasoning;
+use crate::chat::{Message, PromptText, Role};
 use crate::fault::Fault;
 use crate::generate::{DecodeParams, Generator, Token, GRAMMAR_CUT};
 use crate::grammar::{self, Constrained, Grammar, Vocab};
@@ -204,13 +205,16 @@ fn prompt_text(args: &Args, tokenizer: Option<&Tokenizer>) -> Result<Option<Prom
         let bytes = super::read_capped(std::io::stdin(), super::MAX_PROMPT_FILE, "the prompt from stdin")?;
         text = Some(String::from_utf8(bytes).map_err(|_| "the prompt from stdin is not UTF-8 text")?);
     }
-    Ok(match (args.run.template(tokenizer, false)?, text) {
+    Ok(match (args.run.chat_format(tokenizer, false)?, text) {
         (Some(_), Some(_)) if args.parse_special => {
             return Err("--parse-special is for raw prompts: with a chat template, only the template writes control \
                         tokens (leave out --chat, or --parse-special)"
                 .into())
         }
-        (Some(template), Some(t)) => Some(template.format_turn(args.run.system.as_deref(), &t)),
+        (Some(format), Some(t)) => {
+            let turn = [Message::new(Role::User, t)];
+            Some(format.format(args.run.system.as_deref(), &turn, &[], &Default::default())?)
+        }
         (None, Some(t)) if args.parse_special => Some(PromptText::template(&t)),
         (None, Some(t)) => Some(PromptText::plain(&t)),
         (_, None) => None,
@@ -285,7 +289,7 @@ fn run_model(
 
     if is_chat(args) {
         let tok = tokenizer.as_ref().ok_or("the chat needs a tokenizer (-z, or a GGUF model)")?;
-        let template = args.run.template(Some(tok), true)?.ok_or(
+        let template = args.run.chat_format(Some(tok), true)?.ok_or(
             "the chat needs a chat template, and the tokenizer names none: pass --chat NAME (or -p for one answer)",
         )?;
         let ctx = args.run.ctx(&model)?;
@@ -346,7 +350,9 @@ fn run_model(
     let last = logits[logits.len() - vocab..].to_vec();
     let mut write_error = None;
     // a harmony answer's reasoning goes to stderr
-    let mut answer = AnswerText::new(args.run.template(tokenizer.as_ref(), false)?);
+    let format = args.run.chat_format(tokenizer.as_ref(), false)?;
+    let reasoning = format.zip(text.as_ref()).map(|(f, t)| Reasoning::for_prompt(Some(f.kind), t.as_str()));
+    let mut answer = AnswerText::new(reasoning);
     let done = generator.decode(last, &prompt, &params, text_out, speculator.as_mut(), &mut |t: Token| {
         answer.show(t.text).map_err(|e| write_error = Some(e)).is_ok()
     })?;

@@ -27,7 +27,8 @@ use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use rustyline::{Config, Editor};
 
-use crate::chat::{Message, Role, Template};
+use crate::chat::reasoning::Reasoning;
+use crate::chat::{ChatFormat, Message, Role};
 use crate::generate::{DecodeParams, Finish, Generator, SpecStats, Speculator, Token};
 use crate::model::LogitsFor;
 use crate::tokenizer::Tokenizer;
@@ -70,7 +71,7 @@ pub fn run(
     mut generator: Generator,
     mut speculator: Option<Speculator>,
     tokenizer: &Tokenizer,
-    template: Template,
+    template: ChatFormat,
     system: Option<&str>,
     mut params: DecodeParams,
     max_tokens: Option<usize>,
@@ -120,7 +121,7 @@ pub fn run(
         // adds after them, or (where the template writes an answer back
         // differently from how it was prompted) the whole conversation again.
         conv.messages.push(Message::new(Role::User, line.trim_end()));
-        let full = template.format(system, &conv.messages)?;
+        let full = template.format(system, &conv.messages, &[], &Default::default())?;
         // (what the user typed is plain text: a `<|im_start|>` in it is not a control token)
         let ids = match full.as_str().starts_with(conv.text.as_str()) {
             true if !conv.ids.is_empty() => {
@@ -160,7 +161,7 @@ pub fn run(
         };
         let room = ctx - generator.state().pos;
         params.max_tokens = max_tokens.map_or(room, |n| n.min(room));
-        let mut answer = AnswerText::new(Some(template));
+        let mut answer = AnswerText::new(Some(Reasoning::for_prompt(Some(template.kind), full.as_str())));
         // the answer as the model wrote it (a harmony answer's channels included)
         let mut raw = String::new();
         let mut write_error = None;

@@ -9,11 +9,11 @@ use std::sync::{Arc, LazyLock};
 use clap::builder::PossibleValue;
 use clap::ValueEnum;
 
-use crate::chat::Template;
+use crate::chat::{ChatFormat, JinjaTemplate, Template};
 use crate::fault::Fault;
 use crate::format::gguf::Gguf;
 use crate::format::mlb::Mlb;
-use crate::format::mlt::{self, RawTokenizer};
+use crate::format::mlt::{self, RawTokenizer, MAX_CHAT_JINJA};
 use crate::format::write_atomic;
 use crate::import::imatrix::Imatrix;
 use crate::import::quantize::Q4Rule;
@@ -112,6 +112,11 @@ pub struct RunArgs {
     /// tokenizer file's).
     #[arg(long, value_enum)]
     pub chat: Option<ChatChoice>,
+    /// A Jinja chat template file to render conversations with, instead of the one the model's
+    /// file carries (llama-server's --chat-template-file). Without it, and without --chat KIND,
+    /// the model's own template is used where its file has one.
+    #[arg(long, value_name = "FILE.jinja", conflicts_with = "chat")]
+    pub chat_template_file: Option<PathBuf>,
     /// System prompt for the chat template.
     #[arg(long)]
     pub system: Option<String>,
@@ -246,9 +251,62 @@ impl RunArgs {
             .map_err(|e| e.context(format!("--kv {} --ctx {ctx}", self.kv.name())))
     }
 
-    /// The chat template: `--chat`, or with `auto` the tokenizer file's;
-    /// `default_auto` makes no `--chat` mean `auto` where the file names one.
+    /// How conversations become prompts (`template` and `jinja`): None
+    /// without a template. A Jinja template of no known kind has its answers
+    /// read as ChatML's (Hermes tool calls).
+    pub fn chat_format(&self, tokenizer: Option<&Tokenizer>, default_auto: bool) -> Result<Option<ChatFormat>, String> {
+        let kind = self.template(tokenizer, default_auto)?;
+        let jinja = match tokenizer {
+            Some(tok) if kind.is_some() || default_auto || self.chat.is_some() => self.jinja(tok)?,
+            _ => None,
+        };
+        let strip_bos = tokenizer.is_some_and(Tokenizer::adds_bos);
+        Ok(match (kind, jinja) {
+            (Some(kind), jinja) => Some(ChatFormat { kind, jinja, strip_bos }),
+            (None, Some(jinja)) => Some(ChatFormat { kind: Template::Chatml, jinja: Some(jinja), strip_bos }),
+            (None, None) => None,
+        })
+    }
+
+    /// The Jinja template conversations are rendered with: `--chat-template-file`, or the
+    /// model's own unless `--chat KIND` picks a built-in. A model template that does not
+    /// compile is reported and the built-in kind used instead.
+    pub fn jinja(&self, tokenizer: &Tokenizer) -> Result<Option<Arc<JinjaTemplate>>, String> {
+        let source = match (&self.chat_template_file, self.chat) {
+            (Some(path), _) => super::read_text_file(path, u64::from(MAX_CHAT_JINJA), "chat template")?,
+            (None, Some(ChatChoice::Template(_))) => return Ok(None),
+            (None, _) => tokenizer.chat_jinja().to_string(),
+        };
+        if source.is_empty() {
+            return Ok(None);
+        }
+        let (bos, eos) = (tokenizer.token_text(tokenizer.bos_id()), tokenizer.token_text(tokenizer.eos_id()));
+        match (JinjaTemplate::new(&source, &bos, &eos), &self.chat_template_file) {
+            (Ok(t), _) => Ok(Some(Arc::new(t))),
+            (Err(e), Some(path)) => Err(format!("{}: {e}", path.display())),
+            (Err(e), None) => {
+                eprintln!(
+                    "krafla: the model's chat template cannot be read here ({e}); using the built-in '{}' template",
+                    tokenizer.chat_template()
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// The chat template kind (how answers and tool calls are read, and the
+    /// built-in rendering): `--chat`, or with `auto` the tokenizer file's
+    /// (`--chat-template-file`'s, when given); `default_auto` makes no
+    /// `--chat` mean `auto` where the file names one.
     pub fn template(&self, tokenizer: Option<&Tokenizer>, default_auto: bool) -> Result<Option<Template>, String> {
+        if let Some(path) = &self.chat_template_file {
+            let source = super::read_text_file(path, u64::from(MAX_CHAT_JINJA), "chat template")?;
+            let kind = crate::import::tokenizer::template_kind(&source);
+            let recorded = tokenizer.map_or("", Tokenizer::chat_template);
+            // a template of no known kind: answers read as ChatML's (Hermes tool calls)
+            let name = [kind, recorded].into_iter().find(|k| !k.is_empty()).unwrap_or("chatml");
+            return Ok(Template::from_name(name));
+        }
         let recorded = || -> Result<Option<Template>, String> {
             let Some(tok) = tokenizer else { return Ok(None) };
             let name = tok.chat_template();

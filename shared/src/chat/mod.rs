@@ -11,11 +11,60 @@
 //! control tokens.
 
 pub mod harmony;
+mod jinja;
 mod prompt;
+pub mod reasoning;
 pub mod tools;
 
+pub use jinja::{JinjaTemplate, RenderOptions};
 pub use prompt::PromptText;
 pub use tools::{CallSyntax, Tool, ToolCall};
+
+/// How conversations become prompts: the model's own Jinja template where
+/// there is one (`jinja`), else the built-in `kind`, which also says how
+/// answers are read (tool calls, harmony's channels).
+#[derive(Clone)]
+pub struct ChatFormat {
+    pub kind: Template,
+    pub jinja: Option<std::sync::Arc<JinjaTemplate>>,
+    /// The tokenizer adds BOS: a BOS the Jinja template writes first is dropped.
+    pub strip_bos: bool,
+}
+
+impl ChatFormat {
+    /// What the chat calls it.
+    pub fn name(&self) -> &'static str {
+        match self.jinja {
+            Some(_) => "the model's own",
+            None => self.kind.name(),
+        }
+    }
+
+    /// The conversation ending where the assistant speaks, with `tools`
+    /// shown; `kwargs`: the Jinja template's extra variables.
+    pub fn format(
+        &self,
+        default_system: Option<&str>,
+        messages: &[Message],
+        tools: &[Tool],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<PromptText, String> {
+        let calls = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == Role::Tool);
+        let jinja = match &self.jinja {
+            // a template that does not show tools: the built-in kind's tool format
+            Some(j) if j.shows_tools() || !calls => j,
+            _ => return self.kind.format_with_tools(default_system, messages, tools),
+        };
+        if messages.is_empty() {
+            return Err("the conversation must hold at least one message".into());
+        }
+        if self.kind == Template::Harmony && calls {
+            return Err("the 'harmony' template (gpt-oss) does not take tools yet".into());
+        }
+        let options = RenderOptions { add_generation_prompt: true, kwargs: kwargs.clone() };
+        jinja.render(&with_default_system(default_system, messages), tools, &options, self.strip_bos)
+    }
+}
 
 /// A template kind (`--chat`, and the kind a `.mlt` file records).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,17 +177,8 @@ impl Template {
         if messages.is_empty() {
             return Err("the conversation must hold at least one message".into());
         }
-        let has_system = messages.iter().any(|m| m.role == Role::System);
-        let injected;
-        let messages: &[Message] = match (has_system, default_system) {
-            (false, Some(sys)) => {
-                injected = std::iter::once(Message::new(Role::System, sys))
-                    .chain(messages.iter().cloned())
-                    .collect::<Vec<_>>();
-                &injected
-            }
-            _ => messages,
-        };
+        let messages = with_default_system(default_system, messages);
+        let messages = &messages[..];
         if self == Template::Harmony && (!tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty())) {
             return Err("the 'harmony' template (gpt-oss) does not take tools yet".into());
         }
@@ -276,6 +316,18 @@ impl Template {
             s.push_template("<start_of_turn>model\n");
         }
         Ok(s)
+    }
+}
+
+/// The conversation, with `default_system` first when it has no system
+/// message of its own.
+pub fn with_default_system(default_system: Option<&str>, messages: &[Message]) -> Vec<Message> {
+    let has_system = messages.iter().any(|m| m.role == Role::System);
+    match (has_system, default_system) {
+        (false, Some(sys)) => {
+            std::iter::once(Message::new(Role::System, sys)).chain(messages.iter().cloned()).collect()
+        }
+        _ => messages.to_vec(),
     }
 }
 

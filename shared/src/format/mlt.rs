@@ -18,6 +18,8 @@ pub const MAX_VOCAB: u32 = 4_194_304;
 pub const MAX_MERGES: u32 = 16_777_216;
 /// Upper bound on the byte length of one token string.
 pub const MAX_TOKEN_LEN: u32 = 65_536;
+/// The longest chat template source (Qwen3.5's is 7 KB, gpt-oss's 16 KB).
+pub const MAX_CHAT_JINJA: u32 = 1 << 20;
 
 /// Flag bits of the header.
 pub const FLAG_BYTE_FALLBACK: u32 = 1;
@@ -82,6 +84,9 @@ pub struct RawTokenizer {
     pub unk: Option<u32>,
     pub pad: Option<u32>,
     pub chat_template: String,
+    /// The model's own chat template (Jinja source), empty if none: an
+    /// optional last field, absent from files written before it.
+    pub chat_jinja: String,
     pub tokens: Vec<String>,
     /// SentencePiece scores (kept to write the file again; BPE ranks come from `merges`).
     pub scores: Vec<f32>,
@@ -179,6 +184,10 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
         }
         merges.push((a, b));
     }
+    let chat_jinja = match r.remaining() {
+        0 => String::new(),
+        _ => r.str(MAX_CHAT_JINJA, "chat template source")?.to_string(),
+    };
     if r.remaining() != 0 {
         return Err(format!("{} unexpected trailing bytes", r.remaining()));
     }
@@ -194,6 +203,7 @@ pub fn parse(buf: &[u8]) -> Result<RawTokenizer, String> {
         unk: optional_id(unk, SPECIAL_NAMES[3], n_vocab)?,
         pad: optional_id(pad, SPECIAL_NAMES[4], n_vocab)?,
         chat_template,
+        chat_jinja,
         tokens,
         scores,
         types,
@@ -247,6 +257,9 @@ pub fn write(raw: &RawTokenizer) -> Vec<u8> {
     for (a, b) in &raw.merges {
         out.extend_from_slice(&a.to_le_bytes());
         out.extend_from_slice(&b.to_le_bytes());
+    }
+    if !raw.chat_jinja.is_empty() {
+        string(&mut out, raw.chat_jinja.as_bytes());
     }
     out
 }

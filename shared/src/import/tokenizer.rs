@@ -199,6 +199,7 @@ fn read(g: &Gguf) -> Result<RawTokenizer, String> {
         unk: id("tokenizer.ggml.unknown_token_id"),
         pad: id("tokenizer.ggml.padding_token_id"),
         chat_template: String::new(),
+        chat_jinja: String::new(),
         tokens,
         scores,
         types,
@@ -247,6 +248,7 @@ pub(super) fn finish(mut t: RawTokenizer, jinja: &str) -> RawTokenizer {
         }
     }
     t.chat_template = chat.to_string();
+    t.chat_jinja = jinja.to_string();
     t
 }
 

@@ -31,6 +31,7 @@ fn byte_level_raw() -> RawTokenizer {
         unk: None,
         pad: None,
         chat_template: CHAT.into(),
+        chat_jinja: String::new(),
         scores: Vec::new(),
         tokens,
         types,
@@ -62,6 +63,7 @@ fn spm_raw() -> RawTokenizer {
         unk: Some(0),
         pad: None,
         chat_template: String::new(),
+        chat_jinja: String::new(),
         scores: Vec::new(),
         tokens,
         types,
@@ -265,8 +267,14 @@ fn bad_tables() {
     let mut raw = spm_raw();
     raw.types[261] = TYPE_BYTE;
     expect_err(&write(&raw), "is not <0xNN>");
-    // Trailing garbage.
+    // Trailing garbage: a chat template source cut short, or bytes after one.
     let mut b = write(&spm_raw());
+    b.push(0);
+    expect_err(&b, "chat template source needs 4 bytes");
+    let mut raw = spm_raw();
+    raw.chat_jinja = "{{ x }}".into();
+    let mut b = write(&raw);
+    assert_eq!(Tokenizer::from_bytes(&b, "ok.mlt").unwrap().chat_jinja(), "{{ x }}");
     b.push(0);
     expect_err(&b, "trailing");
 }

@@ -48,7 +48,7 @@ use serde_json::json;
 
 use super::options::{startup_line, RunArgs};
 use super::speculative_options::SpecArgs;
-use crate::chat::Template;
+use crate::chat::{JinjaTemplate, Template};
 use crate::fault::Fault;
 use crate::generate::Sequence;
 use crate::kernels::ISA;
@@ -160,6 +160,9 @@ pub(crate) struct Server {
     /// The context the model was trained for (its file's context length).
     pub trained_ctx: usize,
     pub template: Option<Template>,
+    /// The Jinja template chats are rendered with (the model's own, or
+    /// `--chat-template-file`); None: the built-in `template`.
+    pub jinja: Option<Arc<JinjaTemplate>>,
     pub system: Option<String>,
     pub model_id: String,
     pub created: u64,
@@ -200,7 +203,8 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
     let file = file.ok_or("no model given")?;
     let tokenizer = tokenizer
         .ok_or("ml_server needs a tokenizer (-z TOKENIZER, a GGUF model, or a model directory with tokenizer.json)")?;
-    let template = args.run.template(Some(&tokenizer), true)?;
+    let format = args.run.chat_format(Some(&tokenizer), true)?;
+    let (template, jinja) = (format.as_ref().map(|f| f.kind), format.and_then(|f| f.jinja));
     let (pool, threads) = args.run.thread_pool()?;
     let model = pool.install(|| args.run.load_model(file, Some(&tokenizer), false))?;
     let load_secs = started.elapsed().as_secs_f64();
@@ -235,6 +239,7 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
         ctx,
         trained_ctx,
         template,
+        jinja,
         system: args.run.system.clone(),
         model_id,
         created: unix_now(),
@@ -467,7 +472,8 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
 }
 
 /// The paths answered by some method: any other method gets 405, not 404.
-const ENDPOINTS: [&str; 8] = [
+const ENDPOINTS: [&str; 9] = [
+    "/props",
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/models",
@@ -556,6 +562,7 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
         ("POST", "/tokenize") => json_answer(tokens::tokenize(&srv.tokenizer, &req.body)),
         ("POST", "/detokenize") => json_answer(tokens::detokenize(&srv.tokenizer, &req.body)),
         ("POST", "/apply-template") => json_answer(serve::apply_template(srv, req)),
+        ("GET", "/props") => Answer::Send(Response::json(200, &props(srv))),
         (_, p) if ENDPOINTS.contains(&p) => {
             Answer::Fail(ApiError::new(405, "method_not_allowed", format!("{method} is not allowed on {}", req.path)))
         }
@@ -575,6 +582,22 @@ fn model(srv: &Server) -> serde_json::Value {
         "context_length": srv.ctx,
         "chat_template": srv.template.map(Template::name),
         "meta": {"n_ctx_train": srv.trained_ctx, "n_ctx": srv.ctx, "n_vocab": srv.tokenizer.vocab_size()},
+    })
+}
+
+/// llama-server's `GET /props`: the chat template (the Jinja source chats
+/// are rendered with; null with a built-in one, whose kind
+/// `chat_template_kind` names), the BOS and EOS tokens' text, the context.
+fn props(srv: &Server) -> serde_json::Value {
+    let tok = &srv.tokenizer;
+    json!({
+        "chat_template": srv.jinja.as_ref().map(|j| j.source()),
+        "chat_template_kind": srv.template.map(Template::name),
+        "bos_token": tok.token_text(tok.bos_id()),
+        "eos_token": tok.token_text(tok.eos_id()),
+        "add_bos_token": tok.adds_bos(),
+        "default_generation_settings": {"n_ctx": srv.ctx},
+        "build_info": srv.fingerprint,
     })
 }
 

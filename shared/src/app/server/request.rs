@@ -56,10 +56,28 @@ pub struct GenRequest {
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
+    /// Chat: extra variables for the model's own template (`chat_template_kwargs`,
+    /// and `enable_thinking` given on its own).
+    pub template_kwargs: serde_json::Map<String, Value>,
+    /// Chat: whether the answer's `<think>` block becomes `reasoning_content`.
+    pub reasoning: ReasoningFormat,
+    /// Chat: the prompt's text as the template wrote it (set when it is made).
+    pub prompt_text: String,
     /// Completions: special tokens written in the prompt (`<|im_start|>`) are
     /// the control tokens they name (llama.cpp's `parse_special`); by default
     /// they are plain text.
     pub parse_special: bool,
+}
+
+/// llama-server's `reasoning_format`: what becomes of a `<think>` block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// Left in `content` as the model wrote it.
+    None,
+    /// Apart, as `reasoning_content` (`auto` and `deepseek`).
+    Apart,
+    /// Both: in `content` as written, and as `reasoning_content`.
+    Both,
 }
 
 /// OpenAI's `tool_choice`.
@@ -124,8 +142,11 @@ const COMMON_FIELDS: [&str; 23] = [
 ];
 /// The longest `timeout` a request may ask for: a day.
 const MAX_TIMEOUT: f64 = 86_400.0;
-const CHAT_FIELDS: [&str; 8] = [
+const CHAT_FIELDS: [&str; 11] = [
     "messages",
+    "chat_template_kwargs",
+    "enable_thinking",
+    "reasoning_format",
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
@@ -258,6 +279,8 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, server: &ServerDefaul
     };
 
     let parse_special = !chat && f.boolean("parse_special")?.unwrap_or(false);
+    let mut template_kwargs = serde_json::Map::new();
+    let mut reasoning = ReasoningFormat::Apart;
     let (prompt, logprobs) = if chat {
         let mtc = f.int("max_completion_tokens", 1, i64::MAX)?;
         if mtc.is_some() {
@@ -274,6 +297,28 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, server: &ServerDefaul
                 return Err(ApiError::field("missing_parameter", "messages", "'messages' is required"))
             }
             Some(v) => parse_messages(v)?,
+        };
+        template_kwargs = match f.get("chat_template_kwargs") {
+            None | Some(Value::Null) => serde_json::Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(v) => return Err(wrong_type("chat_template_kwargs", "an object", v)),
+        };
+        if let Some(on) = f.boolean("enable_thinking")? {
+            template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
+        }
+        reasoning = match f.string("reasoning_format")? {
+            None | Some("auto" | "deepseek") => ReasoningFormat::Apart,
+            Some("none") => ReasoningFormat::None,
+            Some("deepseek-legacy") => ReasoningFormat::Both,
+            Some(other) => {
+                return Err(ApiError::field(
+                    "invalid_value",
+                    "reasoning_format",
+                    format!(
+                        "'reasoning_format' must be 'none', 'auto', 'deepseek' or 'deepseek-legacy', not {other:?}"
+                    ),
+                ))
+            }
         };
         (Prompt::Messages(messages), want.then(|| top.unwrap_or(0) as usize))
     } else {
@@ -334,6 +379,9 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, server: &ServerDefaul
         tools,
         tool_choice,
         parallel_tool_calls,
+        template_kwargs,
+        reasoning,
+        prompt_text: String::new(),
         parse_special,
     })
 }

@@ -15,11 +15,11 @@ use super::error::ApiError;
 use super::fields::parse_object;
 use super::http::{self, Request, Response, StreamWriter};
 use super::job::{Event, Job, TokenLogprob};
-use super::request::{grammar_error, parse_request, GenRequest, Prompt, ServerDefaults, ToolChoice};
+use super::request::{grammar_error, parse_request, GenRequest, Prompt, ReasoningFormat, ServerDefaults, ToolChoice};
 use super::response::{usage, Reply};
 use super::{unix_now, Server};
-use crate::chat::harmony::Channels;
-use crate::chat::{CallSyntax, Message, PromptText, Template, Tool, ToolCall};
+use crate::chat::reasoning::Reasoning;
+use crate::chat::{CallSyntax, ChatFormat, Message, PromptText, Template, Tool, ToolCall};
 use crate::generate::Finish;
 use crate::model::{check_prompt, TokenError};
 
@@ -45,8 +45,9 @@ fn chat_prompt(srv: &Server, greq: &GenRequest, messages: &[Message]) -> Result<
     let template = srv.template.ok_or_else(|| {
         ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
     })?;
-    let text = template
-        .format_with_tools(srv.system.as_deref(), messages, greq.shown_tools())
+    let format = ChatFormat { kind: template, jinja: srv.jinja.clone(), strip_bos: srv.tokenizer.adds_bos() };
+    let text = format
+        .format(srv.system.as_deref(), messages, greq.shown_tools(), &greq.template_kwargs)
         .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
     Ok((template, text))
 }
@@ -108,6 +109,7 @@ fn prepare(
             if !greq.shown_tools().is_empty() {
                 calls = Some(syntax);
             }
+            greq.prompt_text = text.as_str().to_string();
             // only the template's text may hold control tokens: the messages' are plain text
             text.encode(&srv.tokenizer, true)
         }
@@ -325,9 +327,13 @@ fn run(
     // a stream's (the answer may be calls: it is read whole at the end).
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
-    // a harmony chat answer: its analysis channel is the reasoning, apart from the content
-    let harmony = chat && srv.template == Some(Template::Harmony) && matches!(greq.prompt, Prompt::Messages(_));
-    let mut channels = harmony.then(Channels::new);
+    // a chat answer's reasoning (harmony's analysis channel, a <think> block) apart from its content
+    let harmony = srv.template == Some(Template::Harmony);
+    let split =
+        chat && matches!(greq.prompt, Prompt::Messages(_)) && (harmony || greq.reasoning != ReasoningFormat::None);
+    let mut channels = split.then(|| Reasoning::for_prompt(srv.template, &greq.prompt_text));
+    // deepseek-legacy: the block stays in the content too
+    let both = greq.reasoning == ReasoningFormat::Both && !harmony;
     let mut reasoning = String::new();
     loop {
         let ev = match rx.recv_timeout(POLL) {
@@ -364,7 +370,7 @@ fn run(
                 let (think, delta) = match &mut channels {
                     Some(c) => {
                         let split = c.push(&delta);
-                        (split.reasoning, split.content)
+                        (split.reasoning, if both { delta } else { split.content })
                     }
                     None => (String::new(), delta),
                 };
@@ -391,7 +397,10 @@ fn run(
             Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
                 debug_assert!(finish != Finish::Cancelled);
                 let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
-                if let Some(held) = channels.as_mut().map(Channels::finish) {
+                if let Some(mut held) = channels.as_mut().map(Reasoning::finish) {
+                    if both {
+                        held.content.clear();
+                    }
                     if answer.streaming() {
                         let sent = (held.reasoning.is_empty() || answer.reasoning(&held.reasoning).is_ok())
                             && (held.content.is_empty() || answer.text(&held.content, None).is_ok());

@@ -134,6 +134,7 @@ mod tests {
             unk: Some(0),
             pad: None,
             chat_template: String::new(),
+            chat_jinja: String::new(),
             scores: Vec::new(),
             tokens,
             types,
