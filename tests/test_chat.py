@@ -16,8 +16,11 @@ PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
 
 def spawn_chat(model, max_tokens):
-    """A chat with `model` on a pty (greedy; answers of at most `max_tokens` tokens), at its prompt."""
-    c = pexpect.spawn(str(ml_bin()), [str(model), "--type", "q8_0", "-n", str(max_tokens)],
+    """A chat with `model` on a pty (greedy; answers of at most `max_tokens` tokens), at its prompt.
+    The built-in ChatML template: under SmolLM2's own (its default system prompt) the 135M model
+    in Q8_0 answers the capital question in French nonsense; the Jinja path has its own tests
+    (test_chat_templates.py)."""
+    c = pexpect.spawn(str(ml_bin()), [str(model), "--type", "q8_0", "--chat", "chatml", "-n", str(max_tokens)],
                       encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
     c.expect("chatting")
     c.expect("> ")

@@ -109,7 +109,10 @@ def test_each_sequence_is_bit_identical_to_its_solo_run(batch_server):
 def test_a_conversation_returns_to_its_slot(batch_server):
     c = batch_server.client()
     topics = ["the moon", "volcanoes in Iceland", "how bread rises"]
-    convs = [[{"role": "user", "content": f"Tell me one fact about {t}."}] for t in topics]
+    # each its own system prompt: under SmolLM2's template a shared default one would make a new
+    # conversation continue another's cache (more than half of it in common, llama.cpp's rule)
+    convs = [[{"role": "system", "content": f"You know {t} well."},
+              {"role": "user", "content": f"Tell me one fact about {t}."}] for t in topics]
     # Turn one of every conversation, then turn two of every conversation: three caches kept at once.
     for turn in range(2):
         for conv in convs:

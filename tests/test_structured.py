@@ -65,7 +65,8 @@ def smol_files(smol):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smol_files):
-    s = Server(tmp_path_factory.mktemp("structured"), smol_files, "--ctx", CTX)
+    # the built-in ChatML: the prompts here were chosen for its prompt (without SmolLM2's default system prompt)
+    s = Server(tmp_path_factory.mktemp("structured"), smol_files, "--ctx", CTX, "--chat", "chatml")
     yield s
     s.stop()
 

@@ -285,6 +285,23 @@ SCALED_RAW = {
 }
 
 
+# chat templates in the shapes model files use (written here, not copied from any model)
+CHAT_TEMPLATES = {
+    "turns": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "tools": "{{ bos_token }}{% if tools %}{% for t in tools %}{{ t | tojson(indent=2) }}\n{% endfor %}{% endif %}"
+             "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}"
+             "{{ c.function.arguments | tojson }}{% endfor %}{% elif m.role == 'tool' %}[{{ m.tool_call_id }}]"
+             "{{ m.content }}{% else %}{{ m.content.split('<')[-1].strip() }}{% endif %}{{ eos_token }}{% endfor %}",
+    "namespace": "{% set ns = namespace(last=-1) %}{% for m in messages[::-1] %}{% if m.role == 'user' and "
+                 "ns.last < 0 %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}{{ ns.last }}"
+                 "{% macro r(x, d) %}{% if d > 0 %}({{ r(x, d - 1) }}){% else %}{{ x }}{% endif %}{% endmacro %}"
+                 "{{ r('a', 20) }}{% if messages[0]['role'] != 'user' %}{{ raise_exception('no') }}{% endif %}",
+    "date": "{{ strftime_now('%d %b %Y') }}{{ messages | length }}{% for k, v in messages[0].items() %}{{ k }}"
+            "{% endfor %}",
+}
+
+
 def scaled_input(kind, n, p, a, m, c, s):
     out = bytearray([kind]) + struct.pack("<H", n)
     for part in (p, a, m, c):
@@ -323,6 +340,8 @@ def main():
         put("json_schema", name, json.dumps(schema, ensure_ascii=False).encode())
     for name, text in GRAMMARS.items():
         put("gbnf", name, text.encode())
+    for name, text in CHAT_TEMPLATES.items():
+        put("chat_template", name, text.encode())
     total = sum(p.stat().st_size for p in SEEDS.rglob("*") if p.is_file())
     print(f"seeds: {total} bytes in {SEEDS}")
 
