@@ -147,3 +147,25 @@ def test_bad_tool_requests_get_400(server, body, param, words):
     assert r.choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.BadRequestError):
         server.client().chat.completions.create(**req)
+
+
+def test_text_before_a_call_streams_as_it_comes(server):
+    """llama.cpp's streaming with tools: the text before a call arrives in pieces as it is
+    generated, then the call; the same text and call as the whole answer."""
+    text = "Let me check the weather for you."
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+    grammar = f'root ::= "{text}\\n<tool_call>\\n" "{call.replace(chr(34), chr(92) + chr(34))}" "\\n</tool_call>"'
+    kw = dict(model="x", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100, extra_body={"grammar": grammar})
+    whole = server.client().chat.completions.create(**kw).choices[0].message
+    assert whole.content == text
+    assert [(n, json.loads(a)) for n, a in valid_calls(whole)] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    events = []
+    for chunk in server.client().chat.completions.create(**kw, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            events.append(("text", chunk.choices[0].delta.content))
+        if chunk.choices and chunk.choices[0].delta.tool_calls:
+            events.append(("call", chunk.choices[0].delta.tool_calls[0].function.name))
+    texts = [t for kind, t in events if kind == "text"]
+    assert "".join(texts) == text
+    assert len(texts) > 3, events  # token by token, not one piece at the end
+    assert [kind for kind, _ in events].index("call") == len(texts), events

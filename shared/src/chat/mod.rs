@@ -614,6 +614,20 @@ mod tests {
     }
 
     #[test]
+    fn text_before_a_call_is_streamable() {
+        let h = CallSyntax::Hermes;
+        assert_eq!(h.streamable("Let me check. "), "Let me check.".len());
+        assert_eq!(h.streamable("Let me check.\n<tool_"), "Let me check.".len());
+        assert_eq!(h.streamable("Sure.\n<tool_call>\n{\"name\": \"f\"} and more"), "Sure.".len());
+        assert_eq!(h.streamable("a < b"), "a < b".len());
+        assert_eq!(CallSyntax::Llama3.streamable(" {\"name\""), 0);
+        assert_eq!(CallSyntax::Llama3.streamable("<|python"), 0);
+        assert_eq!(CallSyntax::Llama3.streamable("It is sunny."), "It is sunny.".len());
+        assert_eq!(CallSyntax::Mistral.streamable(" [{"), 0);
+        assert_eq!(CallSyntax::Mistral.streamable("No call"), "No call".len());
+    }
+
+    #[test]
     fn forced_calls_follow_their_grammar_and_parse_back() {
         use crate::grammar::Constraint;
         let tools = [weather_tool()];

@@ -311,6 +311,43 @@ impl CallSyntax {
         b.finish(root)
     }
 
+    /// How much of an answer's text so far is certainly not part of a call,
+    /// so a stream may send it as it comes (llama.cpp's streaming): Hermes
+    /// calls follow the text, so everything before a `<tool_call>` (or the
+    /// start of one) but its trailing whitespace, which `parse` trims;
+    /// Llama 3.1's and Mistral's are the whole answer, so nothing while the
+    /// answer may still be one, and all once it cannot.
+    pub fn streamable(self, text: &str) -> usize {
+        const HERMES: &str = "<tool_call>";
+        let start = text.trim_start();
+        let held_from = match self {
+            CallSyntax::Hermes => text.find(HERMES).unwrap_or_else(|| {
+                let partial = (1..HERMES.len().min(text.len() + 1))
+                    .rev()
+                    .find(|&n| text.is_char_boundary(text.len() - n) && HERMES.starts_with(&text[text.len() - n..]));
+                text.len() - partial.unwrap_or(0)
+            }),
+            CallSyntax::Llama3 => {
+                let tag = "<|python_tag|>";
+                let maybe =
+                    start.is_empty() || start.starts_with('{') || tag.starts_with(start) || start.starts_with(tag);
+                if maybe {
+                    0
+                } else {
+                    text.len()
+                }
+            }
+            CallSyntax::Mistral => {
+                if start.is_empty() || start.starts_with('[') {
+                    0
+                } else {
+                    text.len()
+                }
+            }
+        };
+        text[..held_from].trim_end().len()
+    }
+
     /// The calls in a generated answer (after `forced_prefix` when a call was
     /// required), and the text before them; None when the answer holds no
     /// well-formed call to one of `tools` (it is then plain text).

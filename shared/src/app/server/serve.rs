@@ -327,6 +327,8 @@ fn run(
     // a stream's (the answer may be calls: it is read whole at the end).
     let mut text = String::new();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
+    // how much of `text` a stream with tools has sent (the text before any call)
+    let mut sent = 0;
     // a chat answer's reasoning (harmony's analysis channel, a <think> block) apart from its content
     let harmony = srv.template == Some(Template::Harmony);
     let split =
@@ -385,6 +387,21 @@ fn run(
                     if answer.text(&delta, lp_json).is_err() {
                         return hang_up();
                     }
+                } else if let (true, Some(syntax), false) = (answer.streaming(), calls, want_logprobs) {
+                    // with tools: the reasoning, and the text before any call, as they come
+                    if !think.is_empty() && answer.reasoning(&think).is_err() {
+                        return hang_up();
+                    }
+                    text.push_str(&delta);
+                    let safe = syntax.streamable(&text);
+                    if safe > sent {
+                        if answer.text(&text[sent..safe], None).is_err() {
+                            return hang_up();
+                        }
+                        sent = safe;
+                    } else if answer.gone() {
+                        return hang_up();
+                    }
                 } else {
                     reasoning.push_str(&think);
                     text.push_str(&delta);
@@ -402,6 +419,10 @@ fn run(
                         held.content.clear();
                     }
                     if answer.streaming() {
+                        if calls.is_some() {
+                            // read with the rest for calls below
+                            text.push_str(&std::mem::take(&mut held.content));
+                        }
                         let sent = (held.reasoning.is_empty() || answer.reasoning(&held.reasoning).is_ok())
                             && (held.content.is_empty() || answer.text(&held.content, None).is_ok());
                         if !sent {
@@ -420,12 +441,13 @@ fn run(
                             .zip(ids)
                             .map(|((name, arguments), id)| ToolCall { id, name, arguments })
                             .collect();
-                        return answer.finish_calls(&content, &found, usage);
+                        // a stream sent the content's start already
+                        return answer.finish_calls(content.get(sent..).unwrap_or(""), &found, usage);
                     }
                     // no calls after all: a stream gets the held text as one piece
-                    if answer.streaming() && !text.is_empty() {
+                    if answer.streaming() && text.len() > sent {
                         let lp_json = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
-                        let _ = answer.text(&text, lp_json);
+                        let _ = answer.text(&text[sent..], lp_json);
                     }
                 }
                 let lp = want_logprobs.then(|| answer.reply.logprobs(&logprobs));
