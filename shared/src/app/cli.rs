@@ -114,11 +114,28 @@ pub struct Args {
     /// Constrain the output to a GBNF grammar (llama.cpp's format) in FILE.
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
+    /// Print the prompt's embedding (the hidden states after the output norm, pooled by
+    /// --pooling) as a JSON array, instead of generating (llama.cpp's llama-embedding).
+    #[arg(long, conflicts_with_all = ["bench", "perplexity", "logits_out", "tokenize"])]
+    pub embedding: bool,
+    /// --embedding: 2 (unit length, the default, as /v1/embeddings) or -1 (the pooled
+    /// vector as it is); llama.cpp's --embd-normalize numbers.
+    #[arg(long, default_value_t = 2, allow_hyphen_values = true, value_parser = embd_normalize)]
+    pub embd_normalize: i32,
     /// Read special tokens written in a raw prompt (`<|im_start|>`, `<s>`) as the control
     /// tokens they name, for prompts that spell out a chat format themselves. Without it
     /// they are plain text, and in a chat (--chat) the user's text is always plain.
     #[arg(long)]
     pub parse_special: bool,
+}
+
+/// `--embd-normalize`: -1 or 2 (llama.cpp's max-abs, taxicab and p-norms are not offered).
+fn embd_normalize(s: &str) -> Result<i32, String> {
+    match s.trim() {
+        "-1" => Ok(-1),
+        "2" => Ok(2),
+        _ => Err(format!("'{s}' is not -1 (none) or 2 (unit length)")),
+    }
 }
 
 /// The grammar of `--json-schema` or `--grammar`, compiled before the model
@@ -182,6 +199,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Fault> {
 fn is_chat(args: &Args) -> bool {
     let prompt_given = args.prompt.is_some() || args.prompt_file.is_some() || args.prompt_ids.is_some();
     let other_mode = args.tokenize
+        || args.embedding
         || args.bench
         || args.perplexity.is_some()
         || args.logits_out.is_some()
@@ -245,6 +263,29 @@ fn run_model(
     let model = args.run.load_model(file, tokenizer.as_ref(), args.imatrix_out.is_some())?;
     let load_secs = started.elapsed().as_secs_f64();
     let vocab = model.config.vocab_size;
+
+    if args.embedding {
+        let prompt: Vec<u32> = match (&args.prompt_ids, &text, &tokenizer) {
+            (Some(ids), _, _) => ids.clone(),
+            (None, Some(t), Some(tok)) => t.encode(tok, true),
+            _ => return Err("--embedding needs a prompt: -p, -f or --prompt-ids (and a tokenizer for text)".into()),
+        };
+        let ctx = args.run.ctx(&model)?;
+        check_prompt(&prompt, vocab, ctx).map_err(|e| e.to_string())?;
+        let mut state = args.run.state(&model, ctx)?;
+        let pooling = args.run.pooling(&model);
+        let e = model.embed(&mut state, &prompt, pooling, args.embd_normalize == 2, args.run.batch)?;
+        let values: Vec<String> = e.iter().map(|v| format!("{v:?}")).collect();
+        stdout::line(&format!("[{}]", values.join(",")))?;
+        eprintln!(
+            "krafla: embedding of {} tokens, {} values, {} pooling, in {:.1} ms",
+            prompt.len(),
+            e.len(),
+            pooling.name(),
+            started.elapsed().as_secs_f64() * 1e3 - load_secs * 1e3
+        );
+        return Ok(());
+    }
 
     if args.bench {
         let cfg = measure::BenchConfig {

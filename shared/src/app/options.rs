@@ -20,7 +20,7 @@ use crate::import::quantize::Q4Rule;
 use crate::import::{calibrate, hf, llama2c};
 use crate::import::{read_tokenizer, ConvertType, ImportOptions, Source};
 use crate::kernels::ISA;
-use crate::model::{KvType, LoadOptions, Model, State};
+use crate::model::{KvType, LoadOptions, Model, Pooling, State};
 use crate::tokenizer::Tokenizer;
 
 /// More threads than this are a typing mistake, not a machine: each one is
@@ -117,6 +117,10 @@ pub struct RunArgs {
     /// the model's own template is used where its file has one.
     #[arg(long, value_name = "FILE.jinja", conflicts_with = "chat")]
     pub chat_template_file: Option<PathBuf>,
+    /// How embeddings pool the positions' hidden states (--embedding): mean, cls (the first
+    /// position) or last [default: the model file's pooling_type, else mean].
+    #[arg(long, value_parser = ["mean", "cls", "last"])]
+    pub pooling: Option<String>,
     /// System prompt for the chat template.
     #[arg(long)]
     pub system: Option<String>,
@@ -249,6 +253,12 @@ impl RunArgs {
     pub fn state(&self, model: &Model, ctx: usize) -> Result<State, Fault> {
         State::with_kv(&model.config, ctx, self.kv)
             .map_err(|e| e.context(format!("--kv {} --ctx {ctx}", self.kv.name())))
+    }
+
+    /// `--pooling`, else the model file's, else mean.
+    pub fn pooling(&self, model: &Model) -> Pooling {
+        let named = self.pooling.as_deref().and_then(|n| Pooling::ALL.into_iter().find(|p| p.name() == n));
+        named.or(model.config.pooling).unwrap_or(Pooling::Mean)
     }
 
     /// How conversations become prompts (`template` and `jinja`): None

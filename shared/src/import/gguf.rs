@@ -321,6 +321,12 @@ fn metadata(g: &Gguf) -> Result<(Vec<(String, MetaValue)>, Heads), String> {
             meta.push(("final_softcap".into(), MetaValue::Float(c)));
         }
     }
+    // how embeddings pool (llama.cpp's numbers: 1 mean, 2 cls, 3 last); none or rank: unset
+    if let Some(v) = get("pooling_type") {
+        if let Some(p) = crate::model::Pooling::from_gguf(int_of("pooling_type", v)? as i64) {
+            meta.push(("pooling".into(), MetaValue::Int(p.gguf_number())));
+        }
+    }
     if let Some(theta) = family.local_rope_theta {
         meta.push(("rope_local_theta".into(), MetaValue::Float(theta)));
     }

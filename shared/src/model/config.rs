@@ -78,6 +78,8 @@ pub struct Config {
     pub deltanet: DeltaNetDims,
     /// Mixture-of-Experts routing (no experts: every layer dense).
     pub moe: MoeConfig,
+    /// How embeddings pool, where the file says (GGUF `pooling_type`).
+    pub pooling: Option<super::Pooling>,
 }
 
 /// How a Mixture-of-Experts layer weighs its experts for a token.
@@ -411,6 +413,13 @@ impl Config {
             attn_output_gate: flag("attn_output_gate")?,
             deltanet,
             moe,
+            pooling: match opt_int("pooling", 0)? {
+                0 => None,
+                v => Some(
+                    super::Pooling::from_gguf(v)
+                        .ok_or_else(|| format!("{p}: metadata 'pooling' = {v} is not 1 (mean), 2 (cls) or 3 (last)"))?,
+                ),
+            },
         })
     }
 

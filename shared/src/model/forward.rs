@@ -96,13 +96,25 @@ impl Model {
             seg.state.pos += seg.tokens.len();
         }
 
+        // ---- hidden states after the output norm, for the segments that want them ----
+        let mut hidden: Vec<Vec<f32>> = vec![Vec::new(); segs.len()];
+        let mut first = 0;
+        for (seg, out) in segs.iter().zip(&mut hidden) {
+            let n = seg.tokens.len();
+            if seg.want == LogitsFor::Hidden {
+                *out = vec![0.0f32; n * d];
+                rmsnorm_rows(&x[first * d..(first + n) * d], &self.output_norm, c.norm_eps, out, d);
+            }
+            first += n;
+        }
+
         // ---- head: the rows the segments want, in one product ----
         let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(segs.len()); // per segment: (first row, rows)
         let mut first = 0;
         for seg in segs.iter() {
             let n = seg.tokens.len();
             wanted.push(match seg.want {
-                LogitsFor::None => (first, 0),
+                LogitsFor::None | LogitsFor::Hidden => (first, 0),
                 LogitsFor::Last => (first + n.saturating_sub(1), n.min(1)),
                 LogitsFor::All => (first, n),
             });
@@ -132,10 +144,15 @@ impl Model {
         let mut rest = &logits[..];
         Ok(wanted
             .iter()
-            .map(|&(_, n)| {
+            .zip(hidden)
+            .map(|(&(_, n), hidden)| {
                 let (mine, tail) = rest.split_at(n * c.vocab_size);
                 rest = tail;
-                mine.to_vec()
+                if hidden.is_empty() {
+                    mine.to_vec()
+                } else {
+                    hidden
+                }
             })
             .collect())
     }

@@ -23,6 +23,7 @@ mod ffn;
 mod forward;
 mod input_stats;
 mod kvcache;
+mod pooling;
 mod rope;
 mod state;
 mod token_check;
@@ -32,6 +33,7 @@ pub use config::{Activation, Config, DeltaNetDims, ExpertGating, LayerKind, MoeC
 pub use forward::Segment;
 pub use input_stats::InputStats;
 pub use kvcache::KvType;
+pub use pooling::{Pooled, Pooling};
 pub use state::State;
 pub use token_check::{check_prompt, check_tokens, TokenError};
 pub use weights::{groups_used_in_place, kernels_read_groups, LoadOptions, WeightCopies};
@@ -60,6 +62,9 @@ pub enum LogitsFor {
     None,
     Last,
     All,
+    /// No logits: every position's hidden state after the output norm
+    /// ([n][hidden_size]), what embeddings pool.
+    Hidden,
 }
 
 impl Model {

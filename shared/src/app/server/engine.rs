@@ -29,7 +29,7 @@ use crate::generate::{
     Token, GRAMMAR_CUT,
 };
 use crate::grammar::{Constrained, Vocab};
-use crate::model::{check_prompt, LogitsFor, Model};
+use crate::model::{check_prompt, LogitsFor, Model, Pooled};
 use crate::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
@@ -84,6 +84,8 @@ struct Active {
     next_prompt: usize,
     /// Once the prompt is in: sampling and text.
     decoding: Option<Decoding>,
+    /// An embedding job: its vector as the prompt's hidden states arrive.
+    pooled: Option<Pooled>,
     /// The token sampled last, to run in the next step.
     pending: Option<u32>,
     admitted: Instant,
@@ -222,8 +224,10 @@ impl Engine {
         // Otherwise the slot idle longest (an empty one first), so that a new
         // conversation does not evict the cache of one that shares only a few tokens.
         let free = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_none());
+        // (an embedding evaluates its whole text: it takes the slot idle longest)
         let continues = free
             .clone()
+            .filter(|_| job.embed.is_none())
             .map(|i| (self.slots[i].seq.common_prefix(p), i))
             .filter(|&(n, i)| n > 0 && 2 * n >= self.slots[i].seq.cached().len())
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(self.slots[i].idle_since)));
@@ -239,7 +243,14 @@ impl Engine {
         if let Some(s) = &mut slot.speculator {
             s.limit(job.params.draft_sizes);
         }
-        let cached = slot.seq.reuse_prefix(p);
+        // an embedding needs every position's hidden state: nothing is reused
+        let cached = if job.embed.is_some() {
+            slot.seq.reset();
+            0
+        } else {
+            slot.seq.reuse_prefix(p)
+        };
+        let pooled = job.embed.map(|pooling| Pooled::new(pooling, self.model.config.hidden_size, p.len()));
         self.admitted += 1;
         slot.active = Some(Active {
             job,
@@ -247,6 +258,7 @@ impl Engine {
             cached,
             next_prompt: cached,
             decoding: None,
+            pooled,
             pending: None,
             admitted: Instant::now(),
             prompt_done: None,
@@ -299,7 +311,11 @@ impl Engine {
                 parts.push(Part { slot: i, tokens, want, draft });
             } else if a.decoding.is_none() && budget > 0 {
                 let end = a.job.prompt.len().min(a.next_prompt + budget);
-                let want = if end == a.job.prompt.len() { LogitsFor::Last } else { LogitsFor::None };
+                let want = match (a.pooled.is_some(), end == a.job.prompt.len()) {
+                    (true, _) => LogitsFor::Hidden,
+                    (false, true) => LogitsFor::Last,
+                    (false, false) => LogitsFor::None,
+                };
                 budget -= end - a.next_prompt;
                 let tokens = a.job.prompt[a.next_prompt..end].to_vec();
                 parts.push(Part { slot: i, tokens, want, draft: Draft::default() });
@@ -326,6 +342,10 @@ impl Engine {
             Ok(logits) => {
                 let secs = t0.elapsed().as_secs_f64();
                 for (part, logits) in parts.iter().zip(logits) {
+                    if part.want == LogitsFor::Hidden {
+                        self.pool_hidden(part, &logits);
+                        continue;
+                    }
                     // logits that are not finite fail their request only
                     let rows = logits.len() / self.model.config.vocab_size.max(1);
                     match self.model.check_logits(&logits, self.slots[part.slot].seq.state().pos - rows) {
@@ -346,6 +366,24 @@ impl Engine {
                     }
                 }
             }
+        }
+    }
+
+    /// An embedding job's prompt chunk ran: its hidden states pooled, and
+    /// at the prompt's end the vector sent and the job done (the slot's
+    /// cache keeps the text, as a generation's does).
+    fn pool_hidden(&mut self, part: &Part, hidden: &[f32]) {
+        let a = self.slots[part.slot].active.as_mut().expect("a part comes from an active slot");
+        a.next_prompt += part.tokens.len();
+        let added = a.pooled.as_mut().expect("an embedding job").add(hidden);
+        if let Err(e) = added {
+            return self.fail(part.slot, &e);
+        }
+        if a.next_prompt == a.job.prompt.len() {
+            let vector = a.pooled.take().expect("an embedding job").finish(true);
+            a.prompt_done = Some(Instant::now());
+            let _ = a.job.events.send(Event::Embedding(vector));
+            self.end(part.slot, Finish::Stop);
         }
     }
 

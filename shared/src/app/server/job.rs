@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::fault::Fault;
 use crate::generate::Finish;
 use crate::grammar::Grammar;
+use crate::model::Pooling;
 
 /// Sampling and stopping settings of one request.
 #[derive(Clone, Debug)]
@@ -68,6 +69,8 @@ pub enum Event {
         completion_tokens: usize,
         cached_tokens: usize,
     },
+    /// An embedding job's vector (before its `Done`).
+    Embedding(Vec<f32>),
     /// The job failed: the request's fault (400), or the server's: the
     /// model's or the machine's (500, 503).
     Error(Fault),
@@ -89,6 +92,9 @@ pub struct Job {
     /// the queue.
     pub queued: Arc<AtomicBool>,
     pub received: Instant,
+    /// An embedding (`/v1/embeddings`): the prompt's hidden states pooled,
+    /// unit length, instead of generating.
+    pub embed: Option<Pooling>,
 }
 
 impl Job {

@@ -25,6 +25,7 @@
 //! `/tokenize` and `/detokenize`). Conversations are formatted by
 //! `crate::chat`.
 
+mod embeddings;
 mod engine;
 mod error;
 pub(crate) mod fields;
@@ -53,6 +54,7 @@ use crate::fault::Fault;
 use crate::generate::Sequence;
 use crate::kernels::ISA;
 use crate::tokenizer::Tokenizer;
+use embeddings::EmbeddingSetup;
 use engine::{Engine, Queue};
 use error::ApiError;
 use http::{Limits, ReadError, Request, Response};
@@ -98,6 +100,10 @@ pub struct ServerArgs {
     /// ends the answer with finish_reason "length".
     #[arg(long, default_value_t = 0.0, value_name = "SECS")]
     pub request_timeout: f64,
+    /// Answer POST /v1/embeddings: each input's hidden states after the output norm, pooled
+    /// (--pooling, else as the model file says, else mean) to a unit-length vector.
+    #[arg(long, visible_alias = "embeddings")]
+    pub embedding: bool,
     /// Put each request's prompt text in its access log line.
     #[arg(long)]
     pub log_prompts: bool,
@@ -163,6 +169,8 @@ pub(crate) struct Server {
     /// The Jinja template chats are rendered with (the model's own, or
     /// `--chat-template-file`); None: the built-in `template`.
     pub jinja: Option<Arc<JinjaTemplate>>,
+    /// `--embedding`: how embeddings are made; None: /v1/embeddings answers 501.
+    pub embedding: Option<EmbeddingSetup>,
     pub system: Option<String>,
     pub model_id: String,
     pub created: u64,
@@ -209,6 +217,9 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
     let model = pool.install(|| args.run.load_model(file, Some(&tokenizer), false))?;
     let load_secs = started.elapsed().as_secs_f64();
     let vocab_size = model.config.vocab_size;
+    let embedding = args
+        .embedding
+        .then(|| EmbeddingSetup { pooling: args.run.pooling(&model), dimensions: model.config.hidden_size });
     let trained_ctx = model.config.context_length;
     let ctx = args.run.ctx(&model)?;
     let first = args.run.state(&model, ctx)?;
@@ -240,6 +251,7 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
         trained_ctx,
         template,
         jinja,
+        embedding,
         system: args.run.system.clone(),
         model_id,
         created: unix_now(),
@@ -453,6 +465,7 @@ enum Answer {
     Send(Response),
     Fail(ApiError),
     Generate { chat: bool },
+    Embed,
 }
 
 fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
@@ -461,6 +474,7 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
     let method = if head { "GET" } else { req.method.as_str() };
     let resp = match answer(srv, req, method) {
         Answer::Generate { chat } => return serve::generate(srv, stream, req, chat),
+        Answer::Embed => return embeddings::embeddings(srv, stream, req),
         Answer::Send(resp) => resp,
         Answer::Fail(e) => error_response(&e),
     };
@@ -472,7 +486,8 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
 }
 
 /// The paths answered by some method: any other method gets 405, not 404.
-const ENDPOINTS: [&str; 9] = [
+const ENDPOINTS: [&str; 10] = [
+    "/v1/embeddings",
     "/props",
     "/v1/chat/completions",
     "/v1/completions",
@@ -559,6 +574,7 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
         )),
         ("POST", "/v1/chat/completions") => Answer::Generate { chat: true },
         ("POST", "/v1/completions") => Answer::Generate { chat: false },
+        ("POST", "/v1/embeddings") => Answer::Embed,
         ("POST", "/tokenize") => json_answer(tokens::tokenize(&srv.tokenizer, &req.body)),
         ("POST", "/detokenize") => json_answer(tokens::detokenize(&srv.tokenizer, &req.body)),
         ("POST", "/apply-template") => json_answer(serve::apply_template(srv, req)),

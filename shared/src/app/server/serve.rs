@@ -307,6 +307,7 @@ fn run(
         cancel: cancel.clone(),
         queued: queued.clone(),
         received,
+        embed: None,
     };
     if !srv.queue.submit(job) {
         let m = &srv.queue.metrics;
@@ -454,6 +455,8 @@ fn run(
                 return answer.finish(&text, &reasoning, finish, usage, lp);
             }
             Event::Error(fault) => return answer.fail(ApiError::from_fault(&fault), true),
+            // only embedding jobs send one
+            Event::Embedding(_) => {}
         }
     }
 }
