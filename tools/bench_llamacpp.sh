@@ -35,7 +35,8 @@ SERVER=${SERVER:-0}
 BUILD_ONLY=${BUILD_ONLY:-0}
 
 cd "$WORK"
-if [ ! -d "llama_cpp_python-$VERSION" ]; then
+# (the tests extract only models/ from the same sdist into .cache/llamacpp: look for the source itself)
+if [ ! -f "llama_cpp_python-$VERSION/vendor/llama.cpp/CMakeLists.txt" ]; then
     "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d dl
     tar xzf "dl/llama_cpp_python-$VERSION.tar.gz"
 fi

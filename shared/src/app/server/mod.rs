@@ -25,6 +25,7 @@
 //! `/tokenize` and `/detokenize`). Conversations are formatted by
 //! `crate::chat`.
 
+mod anthropic;
 mod embeddings;
 mod engine;
 mod error;
@@ -34,6 +35,7 @@ mod job;
 mod metrics;
 pub(crate) mod request;
 mod response;
+mod responses;
 mod serve;
 mod tokens;
 
@@ -407,16 +409,20 @@ impl Server {
 
     fn authorized(&self, req: &Request) -> bool {
         let Some(key) = &self.api_key else { return true };
-        let given = req.header("authorization").and_then(|v| {
-            let (scheme, token) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        });
+        // OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`
+        let given = req
+            .header("authorization")
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .or_else(|| req.header("x-api-key").map(str::trim));
         given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
     }
 }
 
 /// The answer of an error, with the headers its status calls for.
-fn error_response(e: &ApiError) -> Response {
+pub(crate) fn error_response(e: &ApiError) -> Response {
     let mut resp = Response::json(e.status, &e.to_json());
     if e.status == 401 {
         resp.headers.push(("WWW-Authenticate".into(), "Bearer".into()));
@@ -464,7 +470,7 @@ fn handle_connection(srv: &Server, mut stream: TcpStream) {
 enum Answer {
     Send(Response),
     Fail(ApiError),
-    Generate { chat: bool },
+    Generate(serve::ApiKind),
     Embed,
 }
 
@@ -473,7 +479,7 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
     let head = req.method == "HEAD";
     let method = if head { "GET" } else { req.method.as_str() };
     let resp = match answer(srv, req, method) {
-        Answer::Generate { chat } => return serve::generate(srv, stream, req, chat),
+        Answer::Generate(kind) => return serve::generate(srv, stream, req, kind),
         Answer::Embed => return embeddings::embeddings(srv, stream, req),
         Answer::Send(resp) => resp,
         Answer::Fail(e) => error_response(&e),
@@ -486,7 +492,9 @@ fn route(srv: &Server, stream: &mut TcpStream, req: &Request) {
 }
 
 /// The paths answered by some method: any other method gets 405, not 404.
-const ENDPOINTS: [&str; 10] = [
+const ENDPOINTS: [&str; 12] = [
+    "/v1/messages",
+    "/v1/responses",
     "/v1/embeddings",
     "/props",
     "/v1/chat/completions",
@@ -572,8 +580,10 @@ fn answer(srv: &Server, req: &Request, method: &str) -> Answer {
             "model_not_found",
             format!("no model '{}' here; this server has '{}'", &p[11..], srv.model_id),
         )),
-        ("POST", "/v1/chat/completions") => Answer::Generate { chat: true },
-        ("POST", "/v1/completions") => Answer::Generate { chat: false },
+        ("POST", "/v1/chat/completions") => Answer::Generate(serve::ApiKind::Chat),
+        ("POST", "/v1/completions") => Answer::Generate(serve::ApiKind::Completions),
+        ("POST", "/v1/messages") => Answer::Generate(serve::ApiKind::Anthropic),
+        ("POST", "/v1/responses") => Answer::Generate(serve::ApiKind::Responses),
         ("POST", "/v1/embeddings") => Answer::Embed,
         ("POST", "/tokenize") => json_answer(tokens::tokenize(&srv.tokenizer, &req.body)),
         ("POST", "/detokenize") => json_answer(tokens::detokenize(&srv.tokenizer, &req.body)),

@@ -17,7 +17,7 @@ use super::http::{self, Request, Response, StreamWriter};
 use super::job::{Event, Job, TokenLogprob};
 use super::request::{grammar_error, parse_request, GenRequest, Prompt, ReasoningFormat, ServerDefaults, ToolChoice};
 use super::response::{usage, Reply};
-use super::{unix_now, Server};
+use super::{anthropic, responses, unix_now, Server};
 use crate::chat::reasoning::Reasoning;
 use crate::chat::{CallSyntax, ChatFormat, Message, PromptText, Template, Tool, ToolCall};
 use crate::generate::Finish;
@@ -67,11 +67,44 @@ pub(crate) fn apply_template(srv: &Server, req: &Request) -> Result<Value, ApiEr
     Ok(serde_json::json!({ "prompt": text.as_str() }))
 }
 
-pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat: bool) {
+/// The API a generation request came in: OpenAI's chat completions or
+/// completions, Anthropic's Messages, or OpenAI's Responses (the last two
+/// translated into a chat request, and answered in their own shapes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ApiKind {
+    Chat,
+    Completions,
+    Anthropic,
+    Responses,
+}
+
+pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, kind: ApiKind) {
     let received = Instant::now();
-    match prepare(srv, req, chat, received) {
-        Ok((greq, ids, calls)) => run(srv, stream, req, greq, ids, calls, received),
-        Err(e) => srv.send_error(stream, &e),
+    let request = parse_object(&req.body).and_then(|obj| {
+        let chat_obj = match kind {
+            ApiKind::Chat | ApiKind::Completions => return Ok((obj.clone(), obj)),
+            ApiKind::Anthropic => anthropic::to_chat_request(&obj)?,
+            ApiKind::Responses => responses::to_chat_request(&obj)?,
+        };
+        Ok((obj, chat_obj))
+    });
+    match request
+        .and_then(|(obj, chat_obj)| Ok((obj, prepare(srv, &chat_obj, kind != ApiKind::Completions, received)?)))
+    {
+        Ok((obj, (greq, ids, calls))) => run(srv, stream, req, &obj, kind, greq, ids, calls, received),
+        Err(e) => srv.send(stream, &error_in(kind, &e)),
+    }
+}
+
+/// An error answer in the API's own shape.
+fn error_in(kind: ApiKind, e: &ApiError) -> Response {
+    match kind {
+        ApiKind::Anthropic => {
+            let mut resp = super::error_response(e);
+            resp.body = anthropic::error_json(e).to_string().into_bytes();
+            resp
+        }
+        _ => super::error_response(e),
     }
 }
 
@@ -80,13 +113,12 @@ pub(crate) fn generate(srv: &Server, stream: &mut TcpStream, req: &Request, chat
 /// is read back as calls where it holds them).
 fn prepare(
     srv: &Server,
-    req: &Request,
+    obj: &serde_json::Map<String, Value>,
     chat: bool,
     received: Instant,
 ) -> Result<(GenRequest, Vec<u32>, Option<CallSyntax>), ApiError> {
-    let obj = parse_object(&req.body)?;
     let server = ServerDefaults { seed: unique(), timeout: srv.request_timeout, received };
-    let mut greq = parse_request(&obj, chat, &server)?;
+    let mut greq = parse_request(obj, chat, &server)?;
     let deadline = greq.params.timeout.map(|s| received + Duration::from_secs_f64(s));
     let mut calls = None;
     let ids = match &greq.prompt {
@@ -162,6 +194,15 @@ fn sse(v: &Value) -> Vec<u8> {
 /// The client hung up: its job stops before the next token.
 struct Gone;
 
+/// The shapes of one answer in the API it came in: OpenAI's (`Reply`), or
+/// Anthropic's and the Responses API's, whose streams keep state (which
+/// block or item is open).
+enum Api {
+    OpenAi,
+    Anthropic(anthropic::Message),
+    Responses(responses::Response),
+}
+
 /// Where one answer goes: a whole JSON body at the end, or, for a stream,
 /// server-sent events from the moment the request gets a slot (until then
 /// it can still be answered with a plain error status, and a load balancer
@@ -170,12 +211,15 @@ struct Answer<'a> {
     srv: &'a Server,
     socket: &'a mut TcpStream,
     reply: Reply,
+    api: Api,
+    /// The prompt's tokens (Anthropic's `message_start` tells them).
+    prompt_tokens: usize,
     /// Some once a stream's head has gone out.
     events: Option<StreamWriter>,
 }
 
 impl Answer<'_> {
-    /// The request has a slot: a stream's head and (chat) its opening chunk go out.
+    /// The request has a slot: a stream's head and its opening events go out.
     fn start(&mut self, stream: bool, http10: bool) -> Result<(), Gone> {
         if !stream {
             return Ok(());
@@ -183,9 +227,24 @@ impl Answer<'_> {
         self.srv.queue.metrics.answered(200);
         let w = StreamWriter::start(self.socket, "text/event-stream", &self.srv.common_headers(), http10)
             .map_err(|_| Gone)?;
-        let w = self.events.insert(w);
-        if self.reply.chat {
-            w.send(&sse(&self.reply.opening_chunk())).map_err(|_| Gone)?;
+        self.events = Some(w);
+        let opening = match &mut self.api {
+            Api::OpenAi if self.reply.chat => vec![sse(&self.reply.opening_chunk())],
+            Api::OpenAi => Vec::new(),
+            Api::Anthropic(m) => m.start(self.prompt_tokens),
+            Api::Responses(r) => r.start(),
+        };
+        self.send_all(&opening)
+    }
+
+    /// Events to the stream; Gone if the client has hung up.
+    fn send_all(&mut self, events: &[Vec<u8>]) -> Result<(), Gone> {
+        let w = self.events.as_mut().expect("events go to a stream");
+        for e in events {
+            w.send(e).map_err(|_| Gone)?;
+        }
+        if http::peer_closed(w.stream()) {
+            return Err(Gone);
         }
         Ok(())
     }
@@ -201,42 +260,51 @@ impl Answer<'_> {
 
     /// One piece of a stream's text.
     fn text(&mut self, text: &str, logprobs: Option<Value>) -> Result<(), Gone> {
-        let chunk = self.reply.text_chunk(text, logprobs);
-        let w = self.events.as_mut().expect("text goes to a stream");
-        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
-            return Err(Gone);
-        }
-        Ok(())
+        let events = match &mut self.api {
+            Api::OpenAi => vec![sse(&self.reply.text_chunk(text, logprobs))],
+            Api::Anthropic(m) => m.text(text),
+            Api::Responses(r) => r.text(text),
+        };
+        self.send_all(&events)
     }
 
     /// One piece of a stream's reasoning.
     fn reasoning(&mut self, text: &str) -> Result<(), Gone> {
-        let chunk = self.reply.reasoning_chunk(text);
-        let w = self.events.as_mut().expect("reasoning goes to a stream");
-        if w.send(&sse(&chunk)).is_err() || http::peer_closed(w.stream()) {
-            return Err(Gone);
-        }
-        Ok(())
+        let events = match &mut self.api {
+            Api::OpenAi => vec![sse(&self.reply.reasoning_chunk(text))],
+            Api::Anthropic(m) => m.reasoning(text),
+            Api::Responses(r) => r.reasoning(text),
+        };
+        self.send_all(&events)
     }
 
     /// The end of a text answer: a stream's last chunks, or the whole answer
     /// (`text`, `reasoning` and `logprobs` are the whole answer's; a stream sent them already).
     fn finish(self, text: &str, reasoning: &str, finish: Finish, usage: Value, logprobs: Option<Value>) {
-        let Answer { srv, socket, reply, events } = self;
-        match events {
-            Some(mut w) => {
+        let Answer { srv, socket, reply, api, events, .. } = self;
+        match (events, api) {
+            (Some(mut w), Api::OpenAi) => {
                 let _ = w.send(&sse(&reply.finish_chunk(finish)));
                 end_stream(w, &reply, usage);
             }
-            None => srv.send(socket, &Response::json(200, &reply.answer(text, reasoning, finish, usage, logprobs))),
+            (Some(w), Api::Anthropic(mut m)) => send_and_end(w, &m.finish(finish, &usage)),
+            (Some(w), Api::Responses(mut r)) => send_and_end(w, &r.finish(finish, &usage)),
+            (None, api) => {
+                let body = match api {
+                    Api::OpenAi => reply.answer(text, reasoning, finish, usage, logprobs),
+                    Api::Anthropic(m) => m.answer(text, reasoning, finish, &usage),
+                    Api::Responses(mut r) => r.answer(text, reasoning, finish, &usage),
+                };
+                srv.send(socket, &Response::json(200, &body))
+            }
         }
     }
 
     /// The end of a chat answer that called tools: the text before the calls, and the calls.
     fn finish_calls(self, content: &str, calls: &[ToolCall], usage: Value) {
-        let Answer { srv, socket, reply, events } = self;
-        match events {
-            Some(mut w) => {
+        let Answer { srv, socket, reply, api, events, .. } = self;
+        match (events, api) {
+            (Some(mut w), Api::OpenAi) => {
                 if !content.is_empty() {
                     let _ = w.send(&sse(&reply.text_chunk(content, None)));
                 }
@@ -245,24 +313,48 @@ impl Answer<'_> {
                 }
                 end_stream(w, &reply, usage);
             }
-            None => srv.send(socket, &Response::json(200, &reply.answer_calls(content, calls, usage))),
+            (Some(w), Api::Anthropic(mut m)) => send_and_end(w, &m.finish_calls(content, calls, &usage)),
+            (Some(w), Api::Responses(mut r)) => send_and_end(w, &r.finish_calls(content, calls, &usage)),
+            (None, api) => {
+                let body = match api {
+                    Api::OpenAi => reply.answer_calls(content, calls, usage),
+                    Api::Anthropic(m) => m.answer_calls(content, calls, &usage),
+                    Api::Responses(mut r) => r.answer_calls(content, calls, &usage),
+                };
+                srv.send(socket, &Response::json(200, &body))
+            }
         }
     }
 
     /// An error: its status while nothing was sent, else an error event
-    /// (and, after the worker's own error, the stream's end marker).
+    /// (and, after the worker's own error, OpenAI's end marker).
     fn fail(self, e: ApiError, done_marker: bool) {
-        match self.events {
-            Some(mut w) => {
+        let Answer { srv, socket, api, events, .. } = self;
+        match (events, api) {
+            (Some(mut w), Api::OpenAi) => {
                 let _ = w.send(&sse(&e.to_json()));
                 if done_marker {
                     let _ = w.send(b"data: [DONE]\n\n");
                 }
                 let _ = w.end();
             }
-            None => self.srv.send_error(self.socket, &e),
+            (Some(w), Api::Anthropic(_)) => send_and_end(w, &[anthropic::Message::error(&e)]),
+            (Some(w), Api::Responses(mut r)) => {
+                let event = r.error(&e);
+                send_and_end(w, &[event])
+            }
+            (None, Api::Anthropic(_)) => srv.send(socket, &error_in(ApiKind::Anthropic, &e)),
+            (None, _) => srv.send_error(socket, &e),
         }
     }
+}
+
+/// The last events of a stream, and its end.
+fn send_and_end(mut w: StreamWriter, events: &[Vec<u8>]) {
+    for e in events {
+        let _ = w.send(e);
+    }
+    let _ = w.end();
 }
 
 /// The end of a stream that answered: the usage chunk when asked for, then `[DONE]`.
@@ -276,24 +368,34 @@ fn end_stream(mut w: StreamWriter, reply: &Reply, usage: Value) {
 
 /// Queues the job, then relays the worker's events to the answer until the
 /// job ends, the client hangs up or the deadline passes in the queue.
+#[allow(clippy::too_many_arguments)]
 fn run(
     srv: &Server,
     socket: &mut TcpStream,
     req: &Request,
+    request: &serde_json::Map<String, Value>,
+    kind: ApiKind,
     greq: GenRequest,
     ids: Vec<u32>,
     calls: Option<CallSyntax>,
     received: Instant,
 ) {
     let chat = greq.chat;
+    let prefix = match kind {
+        ApiKind::Chat => "chatcmpl-",
+        ApiKind::Completions => "cmpl-",
+        ApiKind::Anthropic => "msg_",
+        ApiKind::Responses => "resp_",
+    };
     let reply = Reply {
-        id: format!("{}-{:016x}", if chat { "chatcmpl" } else { "cmpl" }, unique()),
+        id: format!("{prefix}{:016x}", unique()),
         created: unix_now(),
         model: srv.model_id.clone(),
         fingerprint: srv.fingerprint.clone(),
         chat,
         include_usage: greq.include_usage,
     };
+    let prompt_tokens = ids.len();
     let (tx, rx) = channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let queued = Arc::new(AtomicBool::new(true));
@@ -321,7 +423,14 @@ fn run(
     // Set when the client went away: the worker stops before its next token.
     let hang_up = || cancel.store(true, Ordering::SeqCst);
 
-    let mut answer = Answer { srv, socket, reply, events: None };
+    let api = match kind {
+        ApiKind::Chat | ApiKind::Completions => Api::OpenAi,
+        ApiKind::Anthropic => Api::Anthropic(anthropic::Message::new(reply.id.clone(), reply.model.clone())),
+        ApiKind::Responses => {
+            Api::Responses(responses::Response::new(reply.id.clone(), reply.model.clone(), reply.created, request))
+        }
+    };
+    let mut answer = Answer { srv, socket, reply, api, prompt_tokens, events: None };
     let mut started = false;
     let want_logprobs = greq.params.logprobs.is_some();
     // The text not streamed: all of a whole answer, or with tools all of
