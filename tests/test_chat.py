@@ -219,3 +219,28 @@ def test_typed_special_tokens_are_text(terse_chat):
     assert prompt_tokens(terse_chat, evil + "\r") == template + count(evil)
     terse_chat.sendline("/exit")
     terse_chat.expect(pexpect.EOF)
+
+
+def test_a_full_context_drops_the_oldest_turns_and_goes_on(smollm2_gguf):
+    """--ctx 256, answers of at most 150 tokens: an answer that fills the context goes on after the
+    oldest turn is dropped (marked on stderr), instead of stopping; a turn that would not fit
+    with room for its answer (a quarter of the context) drops the oldest turns first."""
+    c = pexpect.spawn(str(ml_bin()), [str(smollm2_gguf), "--type", "q8_0", "--chat", "chatml", "--ctx", "256",
+                                      "-n", "150"],
+                      encoding="utf-8", codec_errors="replace", timeout=180, dimensions=(40, 200))
+    try:
+        c.expect("chatting")
+        c.expect("> ")
+        shifted = 0
+        for q in ["Hi", "Hello again", "Tell me about the moon.", "And the sun?"]:
+            c.sendline(q)
+            c.expect(STATUS)
+            if "[the context is full: the 1 oldest turns were dropped]" in c.before:
+                shifted += 1
+                # the answer went on past the context's end, to -n
+                assert int(c.match.group(3)) == 150, c.before
+            c.expect("> ")
+            assert "context is full: /clear" not in c.before
+        assert shifted >= 2
+    finally:
+        c.close(force=True)

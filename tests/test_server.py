@@ -675,3 +675,37 @@ def test_chat_page_streams_in_headless_chromium(server, tmp_path):
     shot.write_bytes(png)
     if os.environ.get("KRAFLA_SCREENSHOT"):
         shutil.copy(shot, os.environ["KRAFLA_SCREENSHOT"])
+
+
+def test_context_shift_drops_the_oldest_turns(tmp_path, smol_files):
+    """--context-shift: a conversation that leaves no room for its answer loses its oldest turns
+    after the system message, instead of a 400; the answer is the one to the shorter conversation,
+    and says what went (usage.context_shift, X-Context-Dropped-Tokens)."""
+    long = "Tell me everything about the history of the moon and the sun, in detail. " * 4
+    conv = [{"role": "system", "content": "Be brief."}]
+    for i in range(4):
+        conv += [{"role": "user", "content": f"{i}: {long}"}, {"role": "assistant", "content": long}]
+    conv.append({"role": "user", "content": "What is the capital of France?"})
+    body = {"messages": conv, "max_tokens": 8, "temperature": 0}
+    plain = Server(tmp_path, smol_files, "--ctx", 256, "--chat", "chatml")
+    try:
+        status, _, got = plain.raw("POST", "/v1/chat/completions", body)
+        assert status == 400 and b"context" in got
+    finally:
+        plain.stop()
+    s = Server(tmp_path, smol_files, "--ctx", 256, "--chat", "chatml", "--context-shift")
+    try:
+        status, headers, got = s.raw("POST", "/v1/chat/completions", body)
+        assert status == 200, got
+        r = json.loads(got)
+        shift = r["usage"]["context_shift"]
+        assert shift["dropped_messages"] >= 1 and int(headers["x-context-dropped-tokens"]) == shift["dropped_tokens"] > 0
+        kept = [conv[0]] + conv[1 + 2 * shift["dropped_messages"]:]
+        status, headers, again = s.raw("POST", "/v1/chat/completions", {**body, "messages": kept})
+        assert status == 200 and "x-context-dropped-tokens" not in headers
+        assert json.loads(again)["choices"][0]["message"] == r["choices"][0]["message"]
+        # streamed: the header too
+        status, headers, _ = s.raw("POST", "/v1/chat/completions", {**body, "stream": True})
+        assert status == 200 and int(headers["x-context-dropped-tokens"]) == shift["dropped_tokens"]
+    finally:
+        s.stop()

@@ -28,8 +28,8 @@ use rustyline::history::DefaultHistory;
 use rustyline::{Config, Editor};
 
 use crate::chat::reasoning::Reasoning;
-use crate::chat::{ChatFormat, Message, Role};
-use crate::generate::{DecodeParams, Finish, Generator, SpecStats, Speculator, Token};
+use crate::chat::{drop_oldest_turn, ChatFormat, Message, Role};
+use crate::generate::{DecodeParams, Decoded, Finish, Generator, SpecStats, Speculator, Token};
 use crate::model::LogitsFor;
 use crate::tokenizer::Tokenizer;
 
@@ -121,16 +121,28 @@ pub fn run(
         // adds after them, or (where the template writes an answer back
         // differently from how it was prompted) the whole conversation again.
         conv.messages.push(Message::new(Role::User, line.trim_end()));
-        let full = template.format(system, &conv.messages, &[], &Default::default())?;
-        // (what the user typed is plain text: a `<|im_start|>` in it is not a control token)
-        let ids = match full.as_str().starts_with(conv.text.as_str()) {
-            true if !conv.ids.is_empty() => {
-                let mut ids = conv.ids.clone();
-                ids.extend(full.after(conv.text.len()).encode(tokenizer, false));
-                ids
+        // When the conversation and room for an answer do not fit, the oldest
+        // turns go (the system prompt stays), and the rest is evaluated again.
+        let mut dropped = 0;
+        let (mut full, mut ids) = loop {
+            let full = template.format(system, &conv.messages, &[], &Default::default())?;
+            // (what the user typed is plain text: a `<|im_start|>` in it is not a control token)
+            let ids = match full.as_str().starts_with(conv.text.as_str()) {
+                true if !conv.ids.is_empty() => {
+                    let mut ids = conv.ids.clone();
+                    ids.extend(full.after(conv.text.len()).encode(tokenizer, false));
+                    ids
+                }
+                _ => full.encode(tokenizer, true),
+            };
+            if ids.len() + answer_room(ctx) <= ctx || !drop_oldest_turn(&mut conv.messages) {
+                break (full, ids);
             }
-            _ => full.encode(tokenizer, true),
+            dropped += 1;
         };
+        if dropped > 0 {
+            eprintln!("{}(the context is full: the {dropped} oldest turns were dropped){}", style.dim, style.reset);
+        }
         if ids.len() >= ctx {
             conv.messages.pop();
             eprintln!(
@@ -142,6 +154,7 @@ pub fn run(
             continue;
         }
         let cached = generator.reuse_prefix(&ids);
+        let new = ids.len() - cached;
 
         STOP.store(false, Ordering::SeqCst);
         ANSWERING.store(true, Ordering::SeqCst);
@@ -159,24 +172,78 @@ pub fn run(
             eprintln!("{}[stopped]{}", style.dim, style.reset);
             continue;
         };
-        let room = ctx - generator.state().pos;
-        params.max_tokens = max_tokens.map_or(room, |n| n.min(room));
         let mut answer = AnswerText::new(Some(Reasoning::for_prompt(Some(template.kind), full.as_str())));
         // the answer as the model wrote it (a harmony answer's channels included)
         let mut raw = String::new();
         let mut write_error = None;
         let t1 = Instant::now();
         let before = speculator.as_ref().map(|s| s.stats);
-        let done = generator.decode(logits, &ids, &params, Some(tokenizer), speculator.as_mut(), &mut |t: Token| {
-            raw.push_str(t.text);
-            if let Err(e) = answer.show(t.text) {
-                write_error = Some(e);
-                return false;
+        // The answer's tokens before the last context shift (they are in `ids` since).
+        let mut earlier = 0;
+        let mut logits = logits;
+        let done = loop {
+            let room = ctx - generator.state().pos;
+            params.max_tokens = max_tokens.map_or(room, |n| n.saturating_sub(earlier).min(room));
+            let done =
+                generator.decode(logits, &ids, &params, Some(tokenizer), speculator.as_mut(), &mut |t: Token| {
+                    raw.push_str(t.text);
+                    if let Err(e) = answer.show(t.text) {
+                        write_error = Some(e);
+                        return false;
+                    }
+                    !STOP.load(Ordering::SeqCst)
+                });
+            let done = match done {
+                Ok(d) => d,
+                Err(e) => {
+                    ANSWERING.store(false, Ordering::SeqCst);
+                    return Err(e);
+                }
+            };
+            // The answer filled the context: the oldest turns go, and it goes on
+            // after the conversation that is left and what it has said so far.
+            let full_context = done.finish == Finish::Length && generator.state().pos + 1 >= ctx;
+            let more = max_tokens.is_none_or(|n| earlier + done.tokens.len() < n);
+            if !(full_context && more && !done.grammar_cut && write_error.is_none()) {
+                break done;
             }
-            !STOP.load(Ordering::SeqCst)
-        });
+            let mut so_far: Vec<u32> = ids[ids.len() - earlier..].to_vec();
+            so_far.extend(&done.tokens);
+            let mut shifted = 0;
+            let refit = loop {
+                if !drop_oldest_turn(&mut conv.messages) {
+                    break None;
+                }
+                shifted += 1;
+                let f = template.format(system, &conv.messages, &[], &Default::default())?;
+                let mut new_ids = f.encode(tokenizer, true);
+                new_ids.extend(&so_far);
+                if new_ids.len() + answer_room(ctx) <= ctx {
+                    break Some((f, new_ids));
+                }
+            };
+            let Some((f, new_ids)) = refit else { break done };
+            raw.push_str(&done.tail);
+            answer.show(&done.tail)?;
+            (full, ids, earlier) = (f, new_ids, so_far.len());
+            eprint!("{}[the context is full: the {shifted} oldest turns were dropped]{}", style.dim, style.reset);
+            let cached = generator.reuse_prefix(&ids);
+            match generator.prefill(&ids[cached..], LogitsFor::Last, &|| STOP.load(Ordering::SeqCst))? {
+                Some(l) => logits = l,
+                None => {
+                    break Decoded {
+                        finish: Finish::Cancelled,
+                        tokens: Vec::new(),
+                        tail: String::new(),
+                        grammar_cut: false,
+                    }
+                }
+            }
+            if let Some(s) = &mut speculator {
+                s.prepare(&ids)?;
+            }
+        };
         ANSWERING.store(false, Ordering::SeqCst);
-        let done = done?;
         if let Some(e) = write_error {
             return Err(e);
         }
@@ -199,7 +266,8 @@ pub fn run(
             Finish::Length => " (the answer reached -n)",
             Finish::Stop => "",
         };
-        let new = conv.ids.len() - done.tokens.len() - cached;
+        // the turn's own prompt and its whole answer (over any context shifts)
+        let answer_tokens = earlier + done.tokens.len();
         let spec = match (&speculator, before) {
             (Some(s), Some(b)) => {
                 let turn = SpecStats {
@@ -215,11 +283,17 @@ pub fn run(
             "{}[prompt {new} tokens ({cached} cached), {:.1} tokens/s; answer {} tokens, {:.1} tokens/s{spec}]{note}{}",
             style.dim,
             new as f64 / prompt_secs.max(1e-9),
-            done.tokens.len(),
-            done.tokens.len() as f64 / gen_secs.max(1e-9),
+            answer_tokens,
+            answer_tokens as f64 / gen_secs.max(1e-9),
             style.reset
         );
     }
+}
+
+/// The tokens kept free for an answer when the oldest turns are dropped to
+/// make room: a quarter of the context, at most 1024.
+fn answer_room(ctx: usize) -> usize {
+    (ctx / 4).clamp(1, 1024)
 }
 
 /// The terminal's line editor: rustyline on stdin and stdout (raw mode only

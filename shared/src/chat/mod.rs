@@ -331,6 +331,21 @@ pub fn with_default_system(default_system: Option<&str>, messages: &[Message]) -
     }
 }
 
+/// Drops the conversation's oldest turn after its leading system messages:
+/// the first other message and what follows it up to the next user
+/// message (the answer, its calls and their results). False when the turn
+/// left is the last one.
+pub fn drop_oldest_turn(messages: &mut Vec<Message>) -> bool {
+    let start = messages.iter().take_while(|m| m.role == Role::System).count();
+    match messages.iter().skip(start + 1).position(|m| m.role == Role::User) {
+        Some(next) => {
+            messages.drain(start..start + 1 + next);
+            true
+        }
+        None => false,
+    }
+}
+
 /// A message as the template writes it: its role, and its body with the
 /// tools' text, calls and results written in (what users wrote marked).
 struct Turn {
@@ -611,6 +626,24 @@ mod tests {
                 assert!(text.match_indices(header).any(|(at, m)| !inside(at, m.len())), "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_oldest_turn_goes_and_the_system_prompt_stays() {
+        let mut call = msg(Role::Assistant, "");
+        call.tool_calls = call_conversation()[2].tool_calls.clone();
+        let mut conv = vec![
+            msg(Role::System, "S"),
+            msg(Role::User, "u1"),
+            call,
+            msg(Role::Tool, "r1"),
+            msg(Role::Assistant, "a1"),
+            msg(Role::User, "u2"),
+        ];
+        assert!(drop_oldest_turn(&mut conv));
+        assert_eq!(conv.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), ["S", "u2"]);
+        assert!(!drop_oldest_turn(&mut conv));
+        assert_eq!(conv.len(), 2);
     }
 
     #[test]

@@ -106,6 +106,11 @@ pub struct ServerArgs {
     /// (--pooling, else as the model file says, else mean) to a unit-length vector.
     #[arg(long, visible_alias = "embeddings")]
     pub embedding: bool,
+    /// Chat requests whose conversation leaves no room for the answer (a quarter of --ctx, or
+    /// max_tokens if less) lose their oldest turns after the system messages, instead of a 400;
+    /// the answer says how many (`usage.context_shift`, header X-Context-Dropped-Tokens).
+    #[arg(long)]
+    pub context_shift: bool,
     /// Put each request's prompt text in its access log line.
     #[arg(long)]
     pub log_prompts: bool,
@@ -171,6 +176,8 @@ pub(crate) struct Server {
     /// The Jinja template chats are rendered with (the model's own, or
     /// `--chat-template-file`); None: the built-in `template`.
     pub jinja: Option<Arc<JinjaTemplate>>,
+    /// `--context-shift`: the oldest turns of a conversation too long go.
+    pub context_shift: bool,
     /// `--embedding`: how embeddings are made; None: /v1/embeddings answers 501.
     pub embedding: Option<EmbeddingSetup>,
     pub system: Option<String>,
@@ -253,6 +260,7 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
         trained_ctx,
         template,
         jinja,
+        context_shift: args.context_shift,
         embedding,
         system: args.run.system.clone(),
         model_id,

@@ -63,6 +63,9 @@ pub struct GenRequest {
     pub reasoning: ReasoningFormat,
     /// Chat: the prompt's text as the template wrote it (set when it is made).
     pub prompt_text: String,
+    /// Chat with `--context-shift`: the oldest turns dropped to make room,
+    /// and their tokens (set when the prompt is made).
+    pub dropped: (usize, usize),
     /// Completions: special tokens written in the prompt (`<|im_start|>`) are
     /// the control tokens they name (llama.cpp's `parse_special`); by default
     /// they are plain text.
@@ -382,6 +385,7 @@ pub fn parse_request(obj: &Map<String, Value>, chat: bool, server: &ServerDefaul
         template_kwargs,
         reasoning,
         prompt_text: String::new(),
+        dropped: (0, 0),
         parse_special,
     })
 }

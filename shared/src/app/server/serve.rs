@@ -19,7 +19,7 @@ use super::request::{grammar_error, parse_request, GenRequest, Prompt, Reasoning
 use super::response::{usage, Reply};
 use super::{anthropic, responses, unix_now, Server};
 use crate::chat::reasoning::Reasoning;
-use crate::chat::{CallSyntax, ChatFormat, Message, PromptText, Template, Tool, ToolCall};
+use crate::chat::{drop_oldest_turn, CallSyntax, ChatFormat, Message, PromptText, Template, Tool, ToolCall};
 use crate::generate::Finish;
 use crate::model::{check_prompt, TokenError};
 
@@ -124,6 +124,19 @@ fn prepare(
     let ids = match &greq.prompt {
         Prompt::Messages(m) => {
             let (template, mut text) = chat_prompt(srv, &greq, m)?;
+            if srv.context_shift {
+                // a conversation that leaves no room for its answer loses its oldest turns
+                let room = greq.max_tokens.unwrap_or(srv.ctx / 4).clamp(1, (srv.ctx / 4).max(1));
+                let first = text.encode(&srv.tokenizer, true).len();
+                let mut messages = m.clone();
+                let mut len = first;
+                while len + room > srv.ctx && drop_oldest_turn(&mut messages) {
+                    text = chat_prompt(srv, &greq, &messages)?.1;
+                    len = text.encode(&srv.tokenizer, true).len();
+                    greq.dropped.0 += 1;
+                }
+                greq.dropped.1 = first - len;
+            }
             let syntax = template.call_syntax();
             let forced: Vec<Tool> = match &greq.tool_choice {
                 ToolChoice::None | ToolChoice::Auto => Vec::new(),
@@ -214,6 +227,8 @@ struct Answer<'a> {
     api: Api,
     /// The prompt's tokens (Anthropic's `message_start` tells them).
     prompt_tokens: usize,
+    /// Headers of the answer besides the server's own (a context shift's).
+    headers: Vec<(String, String)>,
     /// Some once a stream's head has gone out.
     events: Option<StreamWriter>,
 }
@@ -225,8 +240,9 @@ impl Answer<'_> {
             return Ok(());
         }
         self.srv.queue.metrics.answered(200);
-        let w = StreamWriter::start(self.socket, "text/event-stream", &self.srv.common_headers(), http10)
-            .map_err(|_| Gone)?;
+        let mut headers = self.srv.common_headers();
+        headers.extend(self.headers.iter().cloned());
+        let w = StreamWriter::start(self.socket, "text/event-stream", &headers, http10).map_err(|_| Gone)?;
         self.events = Some(w);
         let opening = match &mut self.api {
             Api::OpenAi if self.reply.chat => vec![sse(&self.reply.opening_chunk())],
@@ -281,7 +297,7 @@ impl Answer<'_> {
     /// The end of a text answer: a stream's last chunks, or the whole answer
     /// (`text`, `reasoning` and `logprobs` are the whole answer's; a stream sent them already).
     fn finish(self, text: &str, reasoning: &str, finish: Finish, usage: Value, logprobs: Option<Value>) {
-        let Answer { srv, socket, reply, api, events, .. } = self;
+        let Answer { srv, socket, reply, api, events, headers, .. } = self;
         match (events, api) {
             (Some(mut w), Api::OpenAi) => {
                 let _ = w.send(&sse(&reply.finish_chunk(finish)));
@@ -295,14 +311,16 @@ impl Answer<'_> {
                     Api::Anthropic(m) => m.answer(text, reasoning, finish, &usage),
                     Api::Responses(mut r) => r.answer(text, reasoning, finish, &usage),
                 };
-                srv.send(socket, &Response::json(200, &body))
+                let mut resp = Response::json(200, &body);
+                resp.headers.extend(headers);
+                srv.send(socket, &resp)
             }
         }
     }
 
     /// The end of a chat answer that called tools: the text before the calls, and the calls.
     fn finish_calls(self, content: &str, calls: &[ToolCall], usage: Value) {
-        let Answer { srv, socket, reply, api, events, .. } = self;
+        let Answer { srv, socket, reply, api, events, headers, .. } = self;
         match (events, api) {
             (Some(mut w), Api::OpenAi) => {
                 if !content.is_empty() {
@@ -321,7 +339,9 @@ impl Answer<'_> {
                     Api::Anthropic(m) => m.answer_calls(content, calls, &usage),
                     Api::Responses(mut r) => r.answer_calls(content, calls, &usage),
                 };
-                srv.send(socket, &Response::json(200, &body))
+                let mut resp = Response::json(200, &body);
+                resp.headers.extend(headers);
+                srv.send(socket, &resp)
             }
         }
     }
@@ -430,7 +450,12 @@ fn run(
             Api::Responses(responses::Response::new(reply.id.clone(), reply.model.clone(), reply.created, request))
         }
     };
-    let mut answer = Answer { srv, socket, reply, api, prompt_tokens, events: None };
+    let (dropped_messages, dropped_tokens) = greq.dropped;
+    let headers = match dropped_messages {
+        0 => Vec::new(),
+        _ => vec![("X-Context-Dropped-Tokens".to_string(), dropped_tokens.to_string())],
+    };
+    let mut answer = Answer { srv, socket, reply, api, prompt_tokens, headers, events: None };
     let mut started = false;
     let want_logprobs = greq.params.logprobs.is_some();
     // The text not streamed: all of a whole answer, or with tools all of
@@ -523,7 +548,11 @@ fn run(
             }
             Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
                 debug_assert!(finish != Finish::Cancelled);
-                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                let mut usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                if dropped_messages > 0 {
+                    usage["context_shift"] =
+                        serde_json::json!({"dropped_messages": dropped_messages, "dropped_tokens": dropped_tokens});
+                }
                 if let Some(mut held) = channels.as_mut().map(Reasoning::finish) {
                     if both {
                         held.content.clear();
