@@ -529,6 +529,38 @@ mod tests {
         assert!(render(forever, &[Message::new(Role::User, "x")]).is_err());
     }
 
+    /// What rendering costs a request: `KRAFLA_BENCH_TEMPLATE=FILE.jinja cargo test --release -p
+    /// krafla --lib bench_template -- --ignored --nocapture` renders a 10-turn conversation with
+    /// two tools and a call (both renderings and the marks, as a request does).
+    #[test]
+    #[ignore]
+    fn bench_template() {
+        let path = std::env::var("KRAFLA_BENCH_TEMPLATE").expect("KRAFLA_BENCH_TEMPLATE=FILE.jinja");
+        let source = std::fs::read_to_string(&path).unwrap();
+        let started = std::time::Instant::now();
+        let t = JinjaTemplate::new(&source, "<s>", "</s>").unwrap();
+        let compile = started.elapsed();
+        let f = serde_json::json!({"name": "get_weather", "description": "The weather now in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}});
+        let tool = Tool { name: "get_weather".into(), function: f.as_object().unwrap().clone() };
+        let tools = [tool.clone(), Tool { name: "other".into(), ..tool }];
+        let mut conv = vec![Message::new(Role::System, "You are a helpful assistant.")];
+        for i in 0..10 {
+            conv.push(Message::new(Role::User, format!("Question {i}: what is the weather like in Paris today?")));
+            conv.push(Message::new(Role::Assistant, format!("Answer {i}: it is sunny and 20 degrees in Paris.")));
+        }
+        conv.push(Message::new(Role::User, "And tomorrow?"));
+        let options = RenderOptions { add_generation_prompt: true, kwargs: Map::new() };
+        let n = 200;
+        let started = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(t.render(&conv, &tools, &options, true).unwrap());
+        }
+        let per = started.elapsed() / n;
+        let len = t.render(&conv, &tools, &options, true).unwrap().as_str().len();
+        eprintln!("{path}: compile {compile:?}, render {per:?} per request ({len} bytes of prompt)");
+    }
+
     #[test]
     fn strftime_directives() {
         // 2024-07-26 13:05:09 UTC, a Friday
