@@ -102,7 +102,7 @@ def test_server_embeddings_equal_the_cli_bits(embed_server, smol_files):  # noqa
     assert status == 200, body
     floats = json.loads(body)
     assert floats["usage"]["prompt_tokens"] == r.usage.prompt_tokens > len(TEXTS)
-    for text, d, f in zip(TEXTS, r.data, floats["data"]):
+    for text, d, f in zip(TEXTS, r.data, floats["data"], strict=True):
         cli = run_ml(smol_files[0], "-z", smol_files[1], "-p", text, "--embedding").stdout
         want = np.array(json.loads(cli), dtype=np.float32)
         assert np.array_equal(np.array(d.embedding, dtype=np.float32), want), text
