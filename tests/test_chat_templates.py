@@ -12,7 +12,7 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from conftest import llamacpp_models
+from conftest import llamacpp_models, run_ml
 from test_server import Server, smol_files  # noqa: F401 (smol_files is a fixture)
 
 # The templates of the families Krafla runs (Llama 3.x and its fine-tunes, SmolLM3, Mistral,
@@ -208,3 +208,19 @@ def test_a_think_block_is_reasoning_content(qwen3_server):
     assert "reasoning_content" not in message
     status, _, got = qwen3_server.raw("POST", "/v1/chat/completions", {**body, "reasoning_format": "bogus"})
     assert status == 400 and b"reasoning_format" in got
+
+
+def test_the_cli_shows_reasoning_apart(smol_files):  # noqa: F811
+    """`ml_run -p` under a template that opens a <think> block: the answer's reasoning goes to
+    stderr (dimmed on a terminal), stdout holds the content alone; --chat-template-kwargs turns
+    the template's thinking on and off."""
+    path = llamacpp_models() / "templates" / "Qwen-QwQ-32B.jinja"
+    common = [smol_files[0], "-z", smol_files[1], "--chat-template-file", path, "-n", 12, "-p", "What is 2+2?"]
+    on = run_ml(*common, "--chat-template-kwargs", '{"enable_thinking": true}')
+    off = run_ml(*common, "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert on.stdout.strip() == "" and len(on.stderr.splitlines()) > 1
+    # SmolLM2 says the same either way: with thinking on, as reasoning on stderr
+    said = off.stdout.strip()
+    assert said and said in on.stderr and said not in off.stderr
+    bad = run_ml(*common, "--chat-template-kwargs", "[1]", check=False)
+    assert bad.returncode == 2 and "not a JSON object" in bad.stderr

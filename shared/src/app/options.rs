@@ -52,6 +52,15 @@ impl ValueEnum for ChatChoice {
     }
 }
 
+/// A JSON object given on the command line.
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("not a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
 /// A percentage from 0 to 1000.
 fn percent(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -117,6 +126,10 @@ pub struct RunArgs {
     /// the model's own template is used where its file has one.
     #[arg(long, value_name = "FILE.jinja", conflicts_with = "chat")]
     pub chat_template_file: Option<PathBuf>,
+    /// Variables for the model's own template, as a JSON object (llama-server's option), e.g.
+    /// '{"enable_thinking": false}'; a server request's chat_template_kwargs override them.
+    #[arg(long, value_name = "JSON", value_parser = json_object)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// How embeddings pool the positions' hidden states (--embedding): mean, cls (the first
     /// position) or last [default: the model file's pooling_type, else mean].
     #[arg(long, value_parser = ["mean", "cls", "last"])]
@@ -271,9 +284,10 @@ impl RunArgs {
             _ => None,
         };
         let strip_bos = tokenizer.is_some_and(Tokenizer::adds_bos);
+        let kwargs = self.chat_template_kwargs.clone().unwrap_or_default();
         Ok(match (kind, jinja) {
-            (Some(kind), jinja) => Some(ChatFormat { kind, jinja, strip_bos }),
-            (None, Some(jinja)) => Some(ChatFormat { kind: Template::Chatml, jinja: Some(jinja), strip_bos }),
+            (Some(kind), jinja) => Some(ChatFormat { kind, jinja, strip_bos, kwargs }),
+            (None, Some(jinja)) => Some(ChatFormat { kind: Template::Chatml, jinja: Some(jinja), strip_bos, kwargs }),
             (None, None) => None,
         })
     }

@@ -29,6 +29,9 @@ pub struct ChatFormat {
     pub jinja: Option<std::sync::Arc<JinjaTemplate>>,
     /// The tokenizer adds BOS: a BOS the Jinja template writes first is dropped.
     pub strip_bos: bool,
+    /// The Jinja template's variables by default (`--chat-template-kwargs`);
+    /// a request's own override them.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatFormat {
@@ -61,7 +64,9 @@ impl ChatFormat {
         if self.kind == Template::Harmony && calls {
             return Err("the 'harmony' template (gpt-oss) does not take tools yet".into());
         }
-        let options = RenderOptions { add_generation_prompt: true, kwargs: kwargs.clone() };
+        let mut all = self.kwargs.clone();
+        all.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let options = RenderOptions { add_generation_prompt: true, kwargs: all };
         jinja.render(&with_default_system(default_system, messages), tools, &options, self.strip_bos)
     }
 }

@@ -176,6 +176,8 @@ pub(crate) struct Server {
     /// The Jinja template chats are rendered with (the model's own, or
     /// `--chat-template-file`); None: the built-in `template`.
     pub jinja: Option<Arc<JinjaTemplate>>,
+    /// `--chat-template-kwargs`: the template's variables by default.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// `--context-shift`: the oldest turns of a conversation too long go.
     pub context_shift: bool,
     /// `--embedding`: how embeddings are made; None: /v1/embeddings answers 501.
@@ -261,6 +263,7 @@ fn run(args: ServerArgs) -> Result<(), Fault> {
         template,
         jinja,
         context_shift: args.context_shift,
+        template_kwargs: args.run.chat_template_kwargs.clone().unwrap_or_default(),
         embedding,
         system: args.run.system.clone(),
         model_id,

@@ -45,7 +45,12 @@ fn chat_prompt(srv: &Server, greq: &GenRequest, messages: &[Message]) -> Result<
     let template = srv.template.ok_or_else(|| {
         ApiError::new(400, "no_chat_template", "this server has no chat template: start it with --chat KIND")
     })?;
-    let format = ChatFormat { kind: template, jinja: srv.jinja.clone(), strip_bos: srv.tokenizer.adds_bos() };
+    let format = ChatFormat {
+        kind: template,
+        jinja: srv.jinja.clone(),
+        strip_bos: srv.tokenizer.adds_bos(),
+        kwargs: srv.template_kwargs.clone(),
+    };
     let text = format
         .format(srv.system.as_deref(), messages, greq.shown_tools(), &greq.template_kwargs)
         .map_err(|e| ApiError::field("invalid_value", "messages", e))?;
