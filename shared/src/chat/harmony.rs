@@ -13,6 +13,7 @@
 //! (`Tokenizer::stop_ids`). [`Channels`] splits the answer's text as it
 //! streams into reasoning and content, dropping the headers.
 
+use super::partial_suffix;
 use super::{PromptText, Role, Turn};
 
 /// The system message's text before the date.
@@ -201,14 +202,6 @@ impl Channels {
 fn channel_name(header: &str) -> Option<&str> {
     let rest = &header[header.rfind(CHANNEL)? + CHANNEL.len()..];
     rest.split(|c: char| c.is_whitespace() || c == '<').next()
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -324,6 +324,16 @@ impl Template {
     }
 }
 
+/// The length of the longest suffix of `text` that is a proper prefix of
+/// `marker`: what a streamed answer holds back until it knows (harmony's
+/// markers, `</think>`, `<tool_call>`).
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
 /// The conversation, with `default_system` first when it has no system
 /// message of its own.
 pub fn with_default_system(default_system: Option<&str>, messages: &[Message]) -> Vec<Message> {

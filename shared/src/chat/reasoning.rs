@@ -6,6 +6,7 @@
 //! what it is.
 
 use super::harmony::{Channels, Split};
+use super::partial_suffix;
 use super::Template;
 
 const OPEN: &str = "<think>";
@@ -129,14 +130,6 @@ impl ThinkTags {
             State::Start | State::Content => Split { reasoning: String::new(), content: held },
         }
     }
-}
-
-/// The length of the longest end of `text` that begins `tag` (0 if none).
-fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -321,12 +321,7 @@ impl CallSyntax {
         const HERMES: &str = "<tool_call>";
         let start = text.trim_start();
         let held_from = match self {
-            CallSyntax::Hermes => text.find(HERMES).unwrap_or_else(|| {
-                let partial = (1..HERMES.len().min(text.len() + 1))
-                    .rev()
-                    .find(|&n| text.is_char_boundary(text.len() - n) && HERMES.starts_with(&text[text.len() - n..]));
-                text.len() - partial.unwrap_or(0)
-            }),
+            CallSyntax::Hermes => text.find(HERMES).unwrap_or_else(|| text.len() - super::partial_suffix(text, HERMES)),
             CallSyntax::Llama3 => {
                 let tag = "<|python_tag|>";
                 let maybe =

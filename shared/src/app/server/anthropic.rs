@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::fields::{refuse_unknown, wrong_type};
+use super::response::usage_counts as counts;
 use crate::chat::ToolCall;
 use crate::generate::Finish;
 
@@ -195,12 +196,6 @@ fn stop_reason(finish: Finish) -> &'static str {
         Finish::Length => "max_tokens",
         Finish::Stop | Finish::Cancelled => "end_turn",
     }
-}
-
-/// Token counts from a chat completion's usage.
-fn counts(usage: &Value) -> (u64, u64, u64) {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    (n(&usage["prompt_tokens"]), n(&usage["completion_tokens"]), n(&usage["prompt_tokens_details"]["cached_tokens"]))
 }
 
 fn usage_json(usage: &Value) -> Value {

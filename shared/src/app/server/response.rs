@@ -28,6 +28,13 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     })
 }
 
+/// (prompt, completion, cached) tokens of a `usage` value: what the
+/// Messages and Responses APIs report in their own fields.
+pub fn usage_counts(usage: &Value) -> (u64, u64, u64) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    (n(&usage["prompt_tokens"]), n(&usage["completion_tokens"]), n(&usage["prompt_tokens_details"]["cached_tokens"]))
+}
+
 /// A token's bytes as a string for logprobs. Whole characters stay as they
 /// are; a token that holds part of a character (a byte-level tokenizer
 /// splits most emoji and CJK characters) shows its bytes that are not whole

@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::fields::{refuse_unknown, wrong_type};
+use super::response::usage_counts as counts;
 use crate::chat::ToolCall;
 use crate::generate::Finish;
 
@@ -212,11 +213,6 @@ pub(crate) fn to_chat_request(obj: &Map<String, Value>) -> Result<Map<String, Va
         }
     }
     Ok(out)
-}
-
-fn counts(usage: &Value) -> (u64, u64, u64) {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    (n(&usage["prompt_tokens"]), n(&usage["completion_tokens"]), n(&usage["prompt_tokens_details"]["cached_tokens"]))
 }
 
 fn usage_json(usage: &Value) -> Value {
