@@ -567,8 +567,10 @@ fn f32_ops_match_f64_and_portable() {
 #[test]
 fn matmul_is_identical_for_any_batch_and_thread_count() {
     // 2, 3, 6, 9 tokens: the batch split by row tiles (runs of four, then
-    // the last one to three tokens together); 70: split by runs of tokens
-    for n_tok in [2, 3, 6, 9, 70] {
+    // the last one to three tokens together); 17, 33: by row tiles through
+    // the prompt tile kernels (on more than one thread); 70: split by runs
+    // of tokens
+    for n_tok in [2, 3, 6, 9, 17, 33, 70] {
         matmul_identical_for(n_tok);
     }
 }
