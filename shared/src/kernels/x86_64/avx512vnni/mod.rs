@@ -12,7 +12,10 @@
 
 use core::arch::x86_64::*;
 
+mod kquant_pairs;
 mod tiles;
+
+pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
@@ -273,22 +276,10 @@ isa_features!(
         q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
     }
 
-    /// Eight interleaved Q4_K rows · two activation rows.
-    #[inline]
-    pub(crate) fn dot_q4k_r8_x2(w: &[BlockQ4Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
-        q4k_rows8_n!(2, w, xs, |u, x| dot16(u, x))
-    }
-
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
         q4k_rows8_n!(3, w, xs, |u, x| dot16(u, x))
-    }
-
-    /// Eight interleaved Q4_K rows · four activation rows.
-    #[inline]
-    pub(crate) fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        q4k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
     }
 
     /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).
