@@ -106,6 +106,7 @@ pub fn convert(
     let mut converted: Vec<u64> = bytemuck::allocation::try_zeroed_slice_box(converted_total / 8)
         .map_err(|_| Fault::Resource(format!("{path}: cannot allocate {converted_total} bytes")))?
         .into_vec();
+    crate::quant::ask_for_huge_pages(&converted);
     let mut tasks = Vec::new();
     let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut converted);
     let mut pos = 0;

@@ -405,7 +405,7 @@ fn kquant_matmul_is_identical_with_and_without_repack() {
     let (w4, w6) = (q4k(&mut rng, rows * nb, 3, false), q6k(&mut rng, rows * nb, 3, false));
     let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-    for n_tok in [1, 2, 3, 9, 70] {
+    for n_tok in [1, 2, 3, 9, 17, 33, 70] {
         let x = rng.vec(n_tok * cols);
         for (data, packed) in [(WeightData::Q4K(&w4), Packed::Q4K(&p4)), (WeightData::Q6K(&w6), Packed::Q6K(&p6))] {
             let m = MatRef { rows, cols, data, packed };
@@ -422,5 +422,46 @@ fn kquant_matmul_is_identical_with_and_without_repack() {
                 assert_eq!(bits(&single), bits(&plain[(n_tok - 1) * rows..]), "last token alone, {threads} threads");
             }
         }
+    }
+}
+
+/// One core streaming a 200 MB Q4_K matrix in eight-row groups from memory
+/// (Qwen2.5-1.5B's 1536 columns) through the one- and four-token kernels,
+/// beside a plain sum of the same bytes, in 4 KiB pages and then in
+/// transparent huge pages (`quant::ask_for_huge_pages`): how near the
+/// kernels come to the core's read bandwidth (docs/PERFORMANCE.md, "Four
+/// streams against one"). `cargo test --release -p krafla --lib
+/// bench_stream_q4k -- --ignored --nocapture` under the variant's RUSTFLAGS.
+#[test]
+#[ignore]
+fn bench_stream_q4k() {
+    use crate::quant::{ask_for_huge_pages, repack_q4k_x8, BlockQ4Kx8};
+    let (nb, groups) = (6, 30_000);
+    let mut rng = Rng(5);
+    let pk = repack_q4k_x8(&q4k(&mut rng, 8 * nb, 3, false), nb, "bench").unwrap();
+    let acts: Vec<ActQ8> = (0..4).map(|_| acts(&mut rng, 8 * nb, 0, false)).collect();
+    let x: [ActRef; 4] = std::array::from_fn(|t| acts[t].as_ref());
+    for huge in [false, true] {
+        let mut big: Vec<BlockQ4Kx8> = Vec::with_capacity(groups * nb);
+        if huge {
+            ask_for_huge_pages(&big);
+        }
+        (0..groups).for_each(|_| big.extend_from_slice(&pk));
+        let bytes = std::mem::size_of_val(&big[..]) as f64;
+        let best_rate = |pass: &mut dyn FnMut() -> f32| {
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                std::hint::black_box(pass());
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            bytes / best / 1e9
+        };
+        let one = best_rate(&mut || big.chunks_exact(nb).map(|w| Arch::dot_q4k_r8(w, x[0])[0]).sum());
+        let four = best_rate(&mut || big.chunks_exact(nb).map(|w| Arch::dot_q4k_r8_x4(w, x)[3][0]).sum());
+        let words: &[u64] = bytemuck::cast_slice(&big[..]);
+        let sum = best_rate(&mut || words.iter().fold(0u64, |a, &b| a.wrapping_add(b)) as f32);
+        let pages = if huge { "huge pages" } else { "4 KiB pages" };
+        eprintln!("{ISA}, {pages}: one token {one:.1} GB/s, four tokens {four:.1} GB/s, a plain sum {sum:.1} GB/s");
     }
 }
