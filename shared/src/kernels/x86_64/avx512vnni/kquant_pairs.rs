@@ -5,7 +5,9 @@
 //! of a and of b fill one half each, so one `vpdpbusd` on zmm does what two
 //! on ymm did in avx2/kquant_rows8.rs's `q4k_rows8_n!`, and so does each
 //! float step. A short batch (the server's decode steps, a speculative
-//! verification) then costs about half the arithmetic per token.
+//! verification) gains less than that suggests (in cache 74–85 against
+//! 70–79 GMAC/s; docs/PERFORMANCE.md, "Four streams against one"): the
+//! float step per 32 weights and its operands' set-up stay the larger part.
 //!
 //! Every lane runs `q4k_rows8_n!`'s steps for its row and token, in the same
 //! order: the exact i32 sum of a sub-block (integer, so its order is free),
