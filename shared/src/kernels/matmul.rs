@@ -383,7 +383,7 @@ pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
             for r0 in (0..rows).step_by(ROW_TILE) {
                 w.prefetch_rows(r0 + ROW_TILE, ROW_TILE);
                 let put = |i: usize, t: usize, v: f32| o[(t - t0) * rows + r0 + i] = v;
-                row_tile(w, r0, ROW_TILE.min(rows - r0), t0, n, &one_token, put, true);
+                tile_dots(w, r0, ROW_TILE.min(rows - r0), t0, n, &one_token, put, true);
             }
         });
     }
@@ -409,7 +409,7 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
         }
         pool::each_mut(&mut tasks, |(w, tok, r0, o)| {
             let len = o.len();
-            tile_dots(w, *r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v);
+            tile_dots(w, *r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v, false);
         });
         return;
     }
@@ -429,7 +429,7 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
         let tiles = n_tok >= TILE_MIN_TOKENS;
         for r in (0..len).step_by(ROW_TILE) {
             let put = |i: usize, t: usize, v: f32| buf[t * len + r + i] = v;
-            row_tile(w, r0 + r, ROW_TILE.min(len - r), 0, n_tok, &|t| tok.get(t), put, tiles);
+            tile_dots(w, r0 + r, ROW_TILE.min(len - r), 0, n_tok, &|t| tok.get(t), put, tiles);
         }
         buf
     });
@@ -449,31 +449,15 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
 /// 91.6): a prompt chunk or a server step with a prompt in it.
 const TILE_MIN_TOKENS: usize = 16;
 
-/// `tile_dots`, or the prompt tile kernels where `tiles` and the tile is
-/// whole (`MatRef::prompt_tile`): the same bits either way.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn row_tile<'a>(
-    w: &MatRef,
-    r0: usize,
-    rows: usize,
-    t0: usize,
-    n: usize,
-    one_token: &impl Fn(usize) -> (&'a [f32], ActRef<'a>),
-    mut put: impl FnMut(usize, usize, f32),
-    tiles: bool,
-) {
-    if !(tiles && rows == ROW_TILE && w.prompt_tile(r0, t0, n, one_token, &mut put)) {
-        tile_dots(w, r0, rows, t0, n, one_token, put);
-    }
-}
-
 /// Rows r0 .. r0 + rows of `w` against tokens t0 .. t0 + n: `put(i, t,
 /// value)` for row r0 + i and token t. Runs of four tokens, then the last
 /// one to three together; repacked groups of eight rows take a run in one
 /// kernel call (`group_dots`), other rows go row by row (`row_dot4` for
-/// four tokens, else `row_dot` per token): every value is bit-identical
-/// whichever way it is computed.
+/// four tokens, else `row_dot` per token); with `tiles`, a whole tile of
+/// repacked rows goes through the prompt tile kernels instead
+/// (`MatRef::prompt_tile`): every value is bit-identical whichever way it
+/// is computed.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 fn tile_dots<'a>(
     w: &MatRef,
@@ -483,7 +467,11 @@ fn tile_dots<'a>(
     n: usize,
     one_token: &impl Fn(usize) -> (&'a [f32], ActRef<'a>),
     mut put: impl FnMut(usize, usize, f32),
+    tiles: bool,
 ) {
+    if tiles && rows == ROW_TILE && w.prompt_tile(r0, t0, n, one_token, &mut put) {
+        return;
+    }
     let mut t = t0;
     while t < t0 + n {
         let run = 4.min(t0 + n - t);
