@@ -12,12 +12,13 @@
 //! Every lane runs `q4k_rows8_n!`'s steps for its row and token, in the same
 //! order: the exact i32 sum of a sub-block (integer, so its order is free),
 //! then k = (d·d_x)·(sc·S) − (dmin·d_x)·(m·Σq_x) added into partial sum j,
-//! each product rounded, no FMA; the halves are then combined as
-//! `int8::combine_rows`. So each result is `dot_q4k_r8`'s, bit for bit.
+//! each product rounded, no FMA; the partial sums are then combined in
+//! `int8::combine_rows`'s order (tiles.rs's `combine_store`). So each result
+//! is `dot_q4k_r8`'s, bit for bit.
 
 use core::arch::x86_64::*;
 
-use super::super::avx2::int8::{combine_rows, scales_f16};
+use super::tiles::{combine_store, lanes16_u8, scales16};
 use crate::quant::{ActRef, BlockQ4Kx8, BlockQ8Act};
 
 isa_features!(
@@ -28,18 +29,6 @@ isa_features!(
         let c: &[u8; 32] = qs[32 * g..32 * g + 32].try_into().unwrap();
         // SAFETY: `c` points to 32 readable bytes; loadu needs no alignment.
         _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) })
-    }
-
-    /// Eight per-row values in both halves.
-    #[inline]
-    fn both_ps(v: __m256) -> __m512 {
-        _mm512_broadcast_f32x8(v)
-    }
-
-    /// Eight unsigned bytes (one per row) as f32 lanes, in both halves (exact).
-    #[inline]
-    fn lanes_u8_both(v: &[u8; 8]) -> __m512 {
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set1_epi64x(i64::from_le_bytes(*v))))
     }
 
     /// `a` in lanes 0..8, `b` in lanes 8..16.
@@ -97,15 +86,6 @@ isa_features!(
         s1 = _mm512_dpbusd_epi32(s1, q[7], _mm512_shuffle_epi32::<0xff>(x1));
         _mm512_add_epi32(s0, s1)
     }
-
-    /// The two tokens' eight results from their accumulators (low half token
-    /// a, high half token b), each as `int8::combine_rows`.
-    #[inline]
-    fn combine_pair(acc: [__m512; 8]) -> [[f32; 8]; 2] {
-        let lo = unroll!(8, |j| _mm512_castps512_ps256(acc[j]));
-        let hi = unroll!(8, |j| _mm512_extractf32x8_ps::<1>(acc[j]));
-        [combine_rows(lo), combine_rows(hi)]
-    }
 );
 
 /// Eight interleaved Q4_K rows · `2·$p` activation rows, tokens taken in
@@ -124,13 +104,15 @@ macro_rules! q4k_rows8_pairs {
         let mut acc = [[_mm512_setzero_ps(); 8]; $p];
         for (s, blk) in w.iter().enumerate() {
             super::super::avx2::kquant_rows8::prefetch_ahead(blk);
-            let (d, dmin) = (both_ps(scales_f16(&blk.d)), both_ps(scales_f16(&blk.dmin)));
+            // (the same eight rows in both halves)
+            let (d, dmin) = (scales16(&blk.d, &blk.d), scales16(&blk.dmin, &blk.dmin));
+            let lanes_u8 = |v: &[u8; 8]| _mm512_cvtepi32_ps(lanes16_u8(v, v));
             let _ = unroll!(4, |c| {
                 let v = unroll!(8, |g| ld_rows_both(&blk.qs[256 * c..256 * c + 256], g));
                 let lo = unroll!(8, |g| _mm512_and_si512(v[g], m4));
                 let hi = unroll!(8, |g| _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), m4));
-                let k0 = (lanes_u8_both(&blk.scales[2 * c]), lanes_u8_both(&blk.mins[2 * c]));
-                let k1 = (lanes_u8_both(&blk.scales[2 * c + 1]), lanes_u8_both(&blk.mins[2 * c + 1]));
+                let k0 = (lanes_u8(&blk.scales[2 * c]), lanes_u8(&blk.mins[2 * c]));
+                let k1 = (lanes_u8(&blk.scales[2 * c + 1]), lanes_u8(&blk.mins[2 * c + 1]));
                 let _ = unroll!($p, |p| {
                     let a: &[BlockQ8Act; 8] = xs[2 * p].blocks()[8 * s..8 * s + 8].try_into().unwrap();
                     let b: &[BlockQ8Act; 8] = xs[2 * p + 1].blocks()[8 * s..8 * s + 8].try_into().unwrap();
@@ -140,9 +122,14 @@ macro_rules! q4k_rows8_pairs {
                 });
             });
         }
+        // each lane's partial sums combined as `int8::combine_rows`: token
+        // 2p's rows in lanes 0..8, token 2p + 1's in lanes 8..16
         let mut out = [[0.0f32; 8]; 2 * $p];
-        for (p, acc) in acc.into_iter().enumerate() {
-            [out[2 * p], out[2 * p + 1]] = combine_pair(acc);
+        for (p, acc) in acc.iter().enumerate() {
+            let mut both = [0.0f32; 16];
+            combine_store(acc, &mut both);
+            out[2 * p].copy_from_slice(&both[..8]);
+            out[2 * p + 1].copy_from_slice(&both[8..]);
         }
         out
     }};

@@ -172,7 +172,7 @@ isa_features!(
 
     /// The sixteen rows' f16 scales as f32 (exact).
     #[inline]
-    fn scales16(a: &[f16; 8], b: &[f16; 8]) -> __m512 {
+    pub(super) fn scales16(a: &[f16; 8], b: &[f16; 8]) -> __m512 {
         // SAFETY: `a` and `b` each point to 8 readable f16 (16 bytes); loadu needs no alignment.
         let (a, b) = unsafe { (_mm_loadu_si128(a.as_ptr().cast()), _mm_loadu_si128(b.as_ptr().cast())) };
         _mm512_cvtph_ps(_mm256_set_m128i(b, a))
@@ -180,7 +180,7 @@ isa_features!(
 
     /// Sixteen unsigned bytes (groups 0 and 1's, one per row) as i32 lanes.
     #[inline]
-    fn lanes16_u8(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
+    pub(super) fn lanes16_u8(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
         _mm512_cvtepu8_epi32(_mm_set_epi64x(i64::from_le_bytes(*b), i64::from_le_bytes(*a)))
     }
 
@@ -224,7 +224,7 @@ isa_features!(
     /// A token's sixteen results from its eight partial sums: ((p0 + p4) +
     /// (p1 + p5)) + ((p2 + p6) + (p3 + p7)) per lane, `portable::combine8`.
     #[inline]
-    fn combine_store(p: &[__m512; 8], out: &mut [f32; 16]) {
+    pub(super) fn combine_store(p: &[__m512; 8], out: &mut [f32; 16]) {
         let h = |x, y| _mm512_add_ps(x, y);
         let v = h(h(h(p[0], p[4]), h(p[1], p[5])), h(h(p[2], p[6]), h(p[3], p[7])));
         // SAFETY: `out` is 16 writable f32; storeu needs no alignment.
