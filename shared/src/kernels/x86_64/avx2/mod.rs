@@ -12,7 +12,8 @@
 //!
 //! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots,
 //! `kquant.rs` the K-quant (Q4_K, Q5_K, Q6_K) dots, `kquant_rows8.rs` their
-//! eight-row forms; the loads they use are here.
+//! eight-row forms, `tiles.rs` their prompt tiles (eight tokens at a time);
+//! the loads they use are here.
 
 use core::arch::x86_64::*;
 
@@ -22,6 +23,7 @@ pub mod float;
 pub mod int8;
 pub mod kquant;
 pub mod kquant_rows8;
+pub mod tiles;
 
 /// The AVX2 + FMA + F16C kernel set (FMA enabled, never used: see above).
 pub struct Avx2;
@@ -35,6 +37,7 @@ impl Kernels for Avx2 {
     entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, int8_peak);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
     entry_points!(kquant_rows8: kquant_rows8);
+    entry_points!(tiles: tiles);
     #[inline]
     fn prefetch(bytes: &[u8]) {
         super::prefetch(bytes)
