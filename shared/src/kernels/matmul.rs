@@ -428,6 +428,9 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
         let mut buf = vec![0.0f32; n_tok * len];
         let tiles = n_tok >= TILE_MIN_TOKENS;
         for r in (0..len).step_by(ROW_TILE) {
+            if tiles && r + ROW_TILE < len {
+                w.prefetch_rows(r0 + r + ROW_TILE, ROW_TILE);
+            }
             let put = |i: usize, t: usize, v: f32| buf[t * len + r + i] = v;
             tile_dots(w, r0 + r, ROW_TILE.min(len - r), 0, n_tok, &|t| tok.get(t), put, tiles);
         }
