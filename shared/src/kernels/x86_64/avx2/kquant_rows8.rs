@@ -3,17 +3,19 @@
 //! token or four, one vector lane per row and no horizontal reduction, each
 //! row in `portable`'s float order bit for bit. Written once here
 //! (`q4k_rows8_n!`, `q6k_rows8_n!`) and shared with the AVX-512 VNNI
-//! build, which hands it `vpdpbusd` as the 16-weight dot instead of
+//! build, which hands them `vpdpbusd` chains as the integer sums instead of
 //! `vpmaddubsw` + `vpmaddwd`.
 //!
 //! Per super-block s and sub-block j (activation block 8·s + j): one
 //! 32-byte load per group g of four weights holds row k's four codes in
-//! 32-bit lane k; `$dot16(codes of groups 4h..4h + 4, the four activation
-//! bytes of each group broadcast)` gives the eight rows' exact Σ q·q_x over
-//! the half h (16 weights) as i32 lanes.
+//! 32-bit lane k; each group's codes against its four activation bytes
+//! broadcast give the eight rows' exact Σ q·q_x as integer lanes.
 //!
-//! * Q4_K: S = sc[k][j]·(Σ over both halves), M = m[k][j]·Σ q_x (the
-//!   block's `sum`), both products of integers taken in f32 (exact); lane k of accumulator j +=
+//! * Q4_K: S = sc[k][j]·Σ q·q_x (`$scaled_sum`: on AVX2 the eight
+//!   `vpmaddubsw` add in i16 and one `vpmaddwd` by the scale gives S in
+//!   i32; AVX-512 VNNI takes the i32 sum times the scale in f32; both
+//!   exact, so the same float), M = m[k][j]·Σ q_x (the block's `sum`, a
+//!   product of integers taken in f32, exact); lane k of accumulator j +=
 //!   (d_k·d_x)·S − (dmin_k·d_x)·M, every product rounded on its own, no FMA
 //!   (`portable::k_min_term`). The codes are nibbles: (c, g)'s load holds
 //!   sub-block 2c (low nibbles) and 2c + 1 (high), unpacked in registers.
@@ -28,8 +30,9 @@
 //! Integer exactness. Activation quants are any i8 (|q_x| ≤ 128), codes
 //! unsigned, ≤ 15 (Q4_K) or ≤ 63 (Q6_K). AVX2's `vpmaddubsw` adds two u8 ×
 //! i8 products in an i16: ≤ 2·63·128 = 16128; two such pairs are added in
-//! i16 before `vpmaddwd` (≤ 32256 < 32767), so nothing saturates;
-//! `vpmaddwd` by ones and `vpdpbusd` widen to i32 without loss. Sums: Q4_K
+//! i16 before `vpmaddwd` (≤ 32256 < 32767), so nothing saturates (Q4_K's
+//! are ≤ 2·15·128 = 3840, and all eight of a sub-block add to ≤ 30720);
+//! `vpmaddwd` and `vpdpbusd` widen to i32 without loss. Sums: Q4_K
 //! |Σ q·q_x| ≤ 32·15·128, times sc ≤ 63: < 2^22; |M| ≤ 63·32·128 < 2^18;
 //! Q6_K |Σ_16 q·q_x| ≤ 16·63·128 < 2^17, |32·X_h| ≤ 32·16·128 = 2^16,
 //! |Σ_16 (q − 32)·q_x| ≤ 16·32·128 = 2^16, times |sc| ≤ 128, two of them:
@@ -40,22 +43,22 @@
 
 use core::arch::x86_64::*;
 
-use super::int8::{ld32, ld_rows};
+use super::int8::{bcast4, ld32, ld_rows};
 use crate::quant::BlockQ8Act;
 
 /// Q4_K eight interleaved rows · N activation rows (module doc).
-/// `$dot16(codes: [__m256i; 4], x: [__m256i; 4])` is the exact i32 sum of
-/// the four groups' u8 × i8 products per lane. A macro, so that all of it
-/// is inlined into the kernel.
+/// `$scale(&[u8; 8])` takes a sub-block's eight 6-bit scales into whatever
+/// form `$scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, &scale)` wants,
+/// which gives S = sc·Σ q·q_x per lane as f32 (exact: module doc). A
+/// macro, so that all of it is inlined into the kernel.
 macro_rules! q4k_rows8_n {
-    ($n:tt, $w:expr, $xs:expr, $dot16:expr $(,)?) => {{
+    ($n:tt, $w:expr, $xs:expr, $scale:expr, $scaled_sum:expr $(,)?) => {{
         use core::arch::x86_64::*;
-        use $crate::kernels::x86_64::avx2::int8::{bcast4, combine_rows, ld_rows, scales_f16};
+        use $crate::kernels::x86_64::avx2::int8::{combine_rows, ld_rows, scales_f16};
         use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8_ps};
         use $crate::quant::{ActRef, BlockQ4Kx8, BlockQ8Act};
         let w: &[BlockQ4Kx8] = $w;
         let xs: [ActRef; $n] = $xs;
-        let dot16 = $dot16;
         let mut same_len = true;
         for x in &xs {
             same_len &= x.len() == 8 * w.len();
@@ -70,19 +73,14 @@ macro_rules! q4k_rows8_n {
                 let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
                 let lo = unroll!(8, |g| _mm256_and_si256(v[g], m4));
                 let hi = unroll!(8, |g| _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), m4));
-                let (sc0, mn0) = (lanes_u8_ps(&blk.scales[2 * c]), lanes_u8_ps(&blk.mins[2 * c]));
-                let (sc1, mn1) = (lanes_u8_ps(&blk.scales[2 * c + 1]), lanes_u8_ps(&blk.mins[2 * c + 1]));
+                let (sc0, mn0) = (($scale)(&blk.scales[2 * c]), lanes_u8_ps(&blk.mins[2 * c]));
+                let (sc1, mn1) = (($scale)(&blk.scales[2 * c + 1]), lanes_u8_ps(&blk.mins[2 * c + 1]));
                 let _ = unroll!($n, |t| {
                     let xb: &[BlockQ8Act; 8] = xs[t].blocks()[8 * s..8 * s + 8].try_into().unwrap();
                     let (x0, x1) = (&xb[2 * c], &xb[2 * c + 1]);
-                    let sum = |q: &[__m256i; 8], x: &BlockQ8Act| {
-                        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
-                        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
-                        _mm256_add_epi32(a, b)
-                    };
-                    let (s0, s1) = (sum(&lo, x0), sum(&hi, x1));
-                    acc[t][2 * c] = k_min_rows(acc[t][2 * c], s0, sc0, mn0, x0, d, dmin);
-                    acc[t][2 * c + 1] = k_min_rows(acc[t][2 * c + 1], s1, sc1, mn1, x1, d, dmin);
+                    let (s0, s1) = (($scaled_sum)(&lo, x0, &sc0), ($scaled_sum)(&hi, x1, &sc1));
+                    acc[t][2 * c] = k_min_rows(acc[t][2 * c], s0, mn0, x0, d, dmin);
+                    acc[t][2 * c + 1] = k_min_rows(acc[t][2 * c + 1], s1, mn1, x1, d, dmin);
                 });
             });
         }
@@ -175,24 +173,15 @@ isa_features!(
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(v.map(|b| b as u8)))))
     }
 
-    /// Lane k += (d_k·d_x)·S_k − (dmin_k·d_x)·M_k with S = sc·isum and M =
-    /// m·Σq_x, each product rounded, no FMA (`portable::k_min_term`). S and
-    /// M are products of integers taken in f32 (`sc`, `mn` as f32 lanes):
-    /// exact, factors and products being below 2^24 (module doc), and
-    /// cheaper than `vpmulld`.
+    /// Lane k += (d_k·d_x)·S_k − (dmin_k·d_x)·M_k with S = sc·isum (given,
+    /// as f32) and M = m·Σq_x, each product rounded, no FMA
+    /// (`portable::k_min_term`). M is a product of integers taken in f32
+    /// (`mn` as f32 lanes): exact, factors and product being below 2^24
+    /// (module doc), and cheaper than `vpmulld`.
     #[inline]
-    pub(crate) fn k_min_rows(
-        acc: __m256,
-        isum: __m256i,
-        sc: __m256,
-        mn: __m256,
-        x: &BlockQ8Act,
-        d: __m256,
-        dmin: __m256,
-    ) -> __m256 {
+    pub(crate) fn k_min_rows(acc: __m256, s: __m256, mn: __m256, x: &BlockQ8Act, d: __m256, dmin: __m256) -> __m256 {
         let dx = _mm256_set1_ps(x.d);
-        let s = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(isum));
-        let m = _mm256_mul_ps(mn, _mm256_set1_ps(x.sum as f32));
+        let m = _mm256_mul_ps(mn, _mm256_cvtepi32_ps(_mm256_set1_epi32(x.sum)));
         let a = _mm256_mul_ps(_mm256_mul_ps(d, dx), s);
         let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), m);
         _mm256_add_ps(acc, _mm256_sub_ps(a, b))
@@ -237,6 +226,28 @@ isa_features!(
         [lo, hi]
     }
 
+    /// Eight unsigned bytes (one per row) as i16 pairs: lane k holds row
+    /// k's byte in both halves (`vpmaddwd` by it scales both of a lane's i16).
+    #[inline]
+    pub(crate) fn scale_pairs_u8(v: &[u8; 8]) -> __m256i {
+        let x = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*v)));
+        _mm256_or_si256(x, _mm256_slli_epi32::<16>(x))
+    }
+
+    /// S = sc·Σ q·q_x per lane over a Q4_K sub-block (eight groups of
+    /// codes ≤ 15, `sc` from `scale_pairs_u8`), as f32: the eight
+    /// `vpmaddubsw` add in i16 (at most 8·2·15·128 = 30720, no saturation),
+    /// `vpmaddwd` by the scale widens and scales them in one step (|S| <
+    /// 2^22, exact, so the same float as sc·isum taken in f32).
+    #[inline]
+    pub(crate) fn q4k_scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256i) -> __m256 {
+        let mut s16 = _mm256_maddubs_epi16(codes[0], bcast4(x, 0));
+        for g in 1..8 {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[g], bcast4(x, g)));
+        }
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, *sc))
+    }
+
     /// Four groups' u8 × i8 products per lane, exact (module doc): pairs
     /// of `vpmaddubsw` added in i16, then `vpmaddwd` by ones.
     #[inline]
@@ -252,25 +263,25 @@ isa_features!(
     /// `dot_q4k` of row k, bit for bit.
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
-        q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+        q4k_rows8_n!(1, w, [x], |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))[0]
     }
 
     /// Eight interleaved Q4_K rows · two activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x2(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
-        q4k_rows8_n!(2, w, xs, |u, x| dot16(u, x))
+        q4k_rows8_n!(2, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
     }
 
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |u, x| dot16(u, x))
+        q4k_rows8_n!(3, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
     }
 
     /// Eight interleaved Q4_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-        q4k_rows8_n!(4, w, xs, |u, x| dot16(u, x))
+        q4k_rows8_n!(4, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
     }
 
     /// Eight interleaved Q6_K rows · one activation row: row k's result is

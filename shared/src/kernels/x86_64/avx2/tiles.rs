@@ -29,7 +29,7 @@
 use core::arch::x86_64::*;
 
 use super::int8::{bcast4, ld_rows, scales_f16, st};
-use super::kquant_rows8::{act_halves, lanes_u8_ps};
+use super::kquant_rows8::{act_halves, lanes_u8_ps, q4k_scaled_sum, scale_pairs_u8};
 use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
 
 /// Tokens per tile (`Kernels::TILE_TOKENS`).
@@ -56,11 +56,7 @@ macro_rules! tile8_q4k_n {
                 let (d, dmin) = (scales_f16(&blk.d), scales_f16(&blk.dmin));
                 let _ = unroll!($n, |t| {
                     let x = &xs[t][8 * s + j];
-                    let mut s16 = _mm256_maddubs_epi16(codes[0], bcast4(x, 0));
-                    let _ = unroll!(7, |g| {
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[g + 1], bcast4(x, g + 1)))
-                    });
-                    let sv = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, sc));
+                    let sv = q4k_scaled_sum(&codes, x, &sc);
                     let dx = _mm256_set1_ps(x.d);
                     let mv = _mm256_mul_ps(mn, _mm256_cvtepi32_ps(_mm256_set1_epi32(x.sum)));
                     let a = _mm256_mul_ps(_mm256_mul_ps(d, dx), sv);
@@ -158,14 +154,6 @@ macro_rules! tile_by_rows8 {
 }
 
 isa_features!(
-    /// Eight unsigned bytes (one per row) as i16 pairs: lane k holds row
-    /// k's byte in both halves (`vpmaddwd` by it scales both of a lane's i16).
-    #[inline]
-    fn scale_pairs_u8(v: &[u8; 8]) -> __m256i {
-        let x = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*v)));
-        _mm256_or_si256(x, _mm256_slli_epi32::<16>(x))
-    }
-
     /// As `scale_pairs_u8` for signed bytes.
     #[inline]
     fn scale_pairs_i8(v: &[i8; 8]) -> __m256i {

@@ -20,7 +20,7 @@ pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
-use super::avx2::kquant_rows8::{q4k_rows8_n, q6k_rows8_n};
+use super::avx2::kquant_rows8::{lanes_u8_ps, q4k_rows8_n, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
     ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8,
@@ -240,6 +240,16 @@ isa_features!(
         s
     }
 
+    /// S = sc·Σ q·q_x per lane over a Q4_K sub-block (`sc` as f32 lanes):
+    /// the eight groups' exact i32 sum (two `dot16`) times the scale in
+    /// f32, exact (avx2/kquant_rows8.rs's module doc).
+    #[inline]
+    fn q4k_scaled_sum(q: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256) -> __m256 {
+        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
+        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
+        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_add_epi32(a, b)))
+    }
+
     /// The 6-bit codes of sub-blocks 2c and 2c + 1 of an interleaved Q6_K
     /// super-block (as avx2/kquant_rows8.rs's `q6k_codes_r8`, same bytes):
     /// each `qh` load masked by 0x33 once keeps fields 0 and 2 at bits 0..1
@@ -273,13 +283,13 @@ isa_features!(
     /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
-        q4k_rows8_n!(1, w, [x], |u, x| dot16(u, x))[0]
+        q4k_rows8_n!(1, w, [x], |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc))[0]
     }
 
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |u, x| dot16(u, x))
+        q4k_rows8_n!(3, w, xs, |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
     }
 
     /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).
