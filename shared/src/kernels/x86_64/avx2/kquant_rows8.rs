@@ -242,8 +242,8 @@ isa_features!(
     #[inline]
     pub(crate) fn q4k_scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256i) -> __m256 {
         let mut s16 = _mm256_maddubs_epi16(codes[0], bcast4(x, 0));
-        for g in 1..8 {
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[g], bcast4(x, g)));
+        for (g, &c) in codes.iter().enumerate().skip(1) {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c, bcast4(x, g)));
         }
         _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, *sc))
     }

@@ -20,7 +20,7 @@ pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
-use super::avx2::kquant_rows8::{lanes_u8_ps, q4k_rows8_n, q6k_rows8_n};
+use super::avx2::kquant_rows8::{q4k_rows8_n, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
     ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8,
