@@ -129,7 +129,8 @@ macro_rules! tile_groups {
 
 /// The eight-row kernels' results for both groups of a tile, up to four
 /// tokens a call (`$x1` .. `$x4`): Q8_0 and Q4_0 have no tile of their own
-/// on AVX2, their eight-row kernels being already bound by the int8 peak.
+/// on AVX2 (Q4_0's four-token kernel runs in cache at 70–74 % of the int8
+/// peak, docs/PERFORMANCE.md#prompt-tiles).
 macro_rules! tile_by_rows8 {
     ($w:expr, $nb:expr, $xs:expr, $out:expr, $x1:ident, $x2:ident, $x3:ident, $x4:ident) => {{
         let (w, nb, xs, out) = ($w, $nb, $xs, $out);
