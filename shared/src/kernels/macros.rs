@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `mxfp4_dots`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `mxfp4_dots`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`, `kquant_tiles`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -29,9 +29,13 @@ macro_rules! entry_points {
         entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4);
     };
     (@group $m:ident tiles) => {
-        const TILE_TOKENS: usize = $m::TILE_TOKENS;
+        entry_points!(@group $m kquant_tiles);
         entry_points!(@tile $m tile_q8 BlockQ8_0x8);
         entry_points!(@tile $m tile_q4 BlockQ4_0x8);
+    };
+    // K-quant tiles only: Q8_0 and Q4_0 keep the trait's defaults.
+    (@group $m:ident kquant_tiles) => {
+        const TILE_TOKENS: usize = $m::TILE_TOKENS;
         entry_points!(@tile $m tile_q4k BlockQ4Kx8);
         entry_points!(@tile $m tile_q6k BlockQ6Kx8);
     };

@@ -145,19 +145,15 @@ pub trait Kernels {
     const TILE_TOKENS: usize = 0;
     /// Two consecutive interleaved Q8 groups (`w[g·nb + b]`, g = 0, 1) · the
     /// activation rows `xs` (at most `TILE_TOKENS`): `out[t][8·g + k]` is
-    /// `dot_q8` of group g's row k with token t, bit for bit.
+    /// `dot_q8` of group g's row k with token t, bit for bit. The default
+    /// (and those of the other tiles) runs the eight-row kernels, up to four
+    /// tokens a call (`tile_by_rows8`).
     fn tile_q8(w: &[BlockQ8_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        for (x, o) in xs.iter().zip(out.iter_mut()) {
-            o[..8].copy_from_slice(&Self::dot_q8_r8(&w[..nb], *x));
-            o[8..].copy_from_slice(&Self::dot_q8_r8(&w[nb..2 * nb], *x));
-        }
+        tile_by_rows8(w, nb, xs, out, (Self::dot_q8_r8, Self::dot_q8_r8_x2, Self::dot_q8_r8_x3, Self::dot_q8_r8_x4))
     }
     /// As `tile_q8` for Q4 groups.
     fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        for (x, o) in xs.iter().zip(out.iter_mut()) {
-            o[..8].copy_from_slice(&Self::dot_q4_r8(&w[..nb], *x));
-            o[8..].copy_from_slice(&Self::dot_q4_r8(&w[nb..2 * nb], *x));
-        }
+        tile_by_rows8(w, nb, xs, out, (Self::dot_q4_r8, Self::dot_q4_r8_x2, Self::dot_q4_r8_x3, Self::dot_q4_r8_x4))
     }
 
     /// Asks for `bytes` to be brought into the L2 cache ahead of use (a
@@ -171,17 +167,11 @@ pub trait Kernels {
     /// As `tile_q8` for Q4_K groups (`nb` super-blocks each): `out[t][8·g
     /// + k]` is `dot_q4k` of group g's row k with token t, bit for bit.
     fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        for (x, o) in xs.iter().zip(out.iter_mut()) {
-            o[..8].copy_from_slice(&Self::dot_q4k_r8(&w[..nb], *x));
-            o[8..].copy_from_slice(&Self::dot_q4k_r8(&w[nb..2 * nb], *x));
-        }
+        tile_by_rows8(w, nb, xs, out, (Self::dot_q4k_r8, Self::dot_q4k_r8_x2, Self::dot_q4k_r8_x3, Self::dot_q4k_r8_x4))
     }
     /// As `tile_q4k` for Q6_K groups: `dot_q6k` of each row, bit for bit.
     fn tile_q6k(w: &[BlockQ6Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        for (x, o) in xs.iter().zip(out.iter_mut()) {
-            o[..8].copy_from_slice(&Self::dot_q6k_r8(&w[..nb], *x));
-            o[8..].copy_from_slice(&Self::dot_q6k_r8(&w[nb..2 * nb], *x));
-        }
+        tile_by_rows8(w, nb, xs, out, (Self::dot_q6k_r8, Self::dot_q6k_r8_x2, Self::dot_q6k_r8_x3, Self::dot_q6k_r8_x4))
     }
 
     // ---- K-quant super-blocks of 256 · quantised activation blocks
@@ -269,5 +259,38 @@ pub trait Kernels {
             sum += Self::dot_q8(core::hint::black_box(&w[..]), xq.as_ref());
         }
         ((rounds * NB * 32) as u64, sum.to_bits() as i32)
+    }
+}
+
+/// The eight-row kernels of one kind of group, for one to four tokens
+/// (`tile_by_rows8`'s argument).
+type Rows8Kernels<B> = (
+    fn(&[B], ActRef) -> [f32; 8],
+    fn(&[B], [ActRef; 2]) -> [[f32; 8]; 2],
+    fn(&[B], [ActRef; 3]) -> [[f32; 8]; 3],
+    fn(&[B], [ActRef; 4]) -> [[f32; 8]; 4],
+);
+
+/// A prompt tile (two groups of `nb` blocks, `Kernels::tile_q8`) through a
+/// set's eight-row kernels `k`, up to four tokens a call: `out[t][8·g +
+/// k]` is group g's row k with token t, the kernels' own bits.
+#[inline]
+fn tile_by_rows8<B>(w: &[B], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]], k: Rows8Kernels<B>) {
+    assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} blocks");
+    for (xs, out) in xs.chunks(4).zip(out.chunks_mut(4)) {
+        for (g, group) in [&w[..nb], &w[nb..2 * nb]].into_iter().enumerate() {
+            let mut put = |rows: &[[f32; 8]]| {
+                for (o, r) in out.iter_mut().zip(rows) {
+                    o[8 * g..8 * g + 8].copy_from_slice(r);
+                }
+            };
+            match *xs {
+                [a] => put(&[k.0(group, a)]),
+                [a, b] => put(&k.1(group, [a, b])),
+                [a, b, c] => put(&k.2(group, [a, b, c])),
+                [a, b, c, d] => put(&k.3(group, [a, b, c, d])),
+                _ => unreachable!("chunks of 1 to 4"),
+            }
+        }
     }
 }

@@ -37,7 +37,7 @@ impl Kernels for Avx2 {
     entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, int8_peak);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
     entry_points!(kquant_rows8: kquant_rows8);
-    entry_points!(tiles: tiles);
+    entry_points!(tiles: kquant_tiles);
     #[inline]
     fn prefetch(bytes: &[u8]) {
         super::prefetch(bytes)

@@ -28,9 +28,9 @@
 
 use core::arch::x86_64::*;
 
-use super::int8::{bcast4, ld_rows, scales_f16, st};
+use super::int8::{bcast4, combine_rows, ld_rows, scales_f16};
 use super::kquant_rows8::{act_halves, lanes_u8_ps, q4k_scaled_sum, scale_pairs_u8};
-use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
+use crate::quant::{ActRef, BlockQ4Kx8, BlockQ6Kx8, BlockQ8Act};
 
 /// Tokens per tile (`Kernels::TILE_TOKENS`).
 pub const TILE_TOKENS: usize = 8;
@@ -66,7 +66,7 @@ macro_rules! tile8_q4k_n {
             }
             let _ = unroll!($n, |t| part[t][j] = acc[t]);
         }
-        let _ = unroll!($n, |t| combine_into(&part[t], &mut out[t][$col..$col + 8]));
+        let _ = unroll!($n, |t| out[t][$col..$col + 8].copy_from_slice(&combine_rows(part[t])));
     }};
 }
 
@@ -100,7 +100,7 @@ macro_rules! tile8_q6k_n {
             }
             let _ = unroll!($n, |t| part[t][j] = acc[t]);
         }
-        let _ = unroll!($n, |t| combine_into(&part[t], &mut out[t][$col..$col + 8]));
+        let _ = unroll!($n, |t| out[t][$col..$col + 8].copy_from_slice(&combine_rows(part[t])));
     }};
 }
 
@@ -122,33 +122,6 @@ macro_rules! tile_groups {
                 7 => $loop!(7, group, xs, out, 8 * g),
                 8 => $loop!(8, group, xs, out, 8 * g),
                 n => panic!("prompt tile: {n} tokens (1 to {TILE_TOKENS})"),
-            }
-        }
-    }};
-}
-
-/// The eight-row kernels' results for both groups of a tile, up to four
-/// tokens a call (`$x1` .. `$x4`): Q8_0 and Q4_0 have no tile of their own
-/// on AVX2 (Q4_0's four-token kernel runs in cache at 70–74 % of the int8
-/// peak, docs/PERFORMANCE.md#prompt-tiles).
-macro_rules! tile_by_rows8 {
-    ($w:expr, $nb:expr, $xs:expr, $out:expr, $x1:ident, $x2:ident, $x3:ident, $x4:ident) => {{
-        let (w, nb, xs, out) = ($w, $nb, $xs, $out);
-        assert!(w.len() >= 2 * nb && out.len() >= xs.len(), "prompt tile: two groups of {nb} blocks");
-        for (xs, out) in xs.chunks(4).zip(out.chunks_mut(4)) {
-            for (g, group) in [&w[..nb], &w[nb..2 * nb]].into_iter().enumerate() {
-                let mut put = |rows: &[[f32; 8]]| {
-                    for (o, r) in out.iter_mut().zip(rows) {
-                        o[8 * g..8 * g + 8].copy_from_slice(r);
-                    }
-                };
-                match *xs {
-                    [a] => put(&[super::int8::$x1(group, a)]),
-                    [a, b] => put(&super::int8::$x2(group, [a, b])),
-                    [a, b, c] => put(&super::int8::$x3(group, [a, b, c])),
-                    [a, b, c, d] => put(&super::int8::$x4(group, [a, b, c, d])),
-                    _ => unreachable!("chunks of 1 to 4"),
-                }
             }
         }
     }};
@@ -194,24 +167,6 @@ isa_features!(
         };
         let shift = _mm_cvtsi32_si128(4 * p as i32);
         unroll!(8, |g| _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ld_rows(ql, g), shift), m4), high(g)))
-    }
-
-    /// A token's eight results from its eight partial sums: ((p0 + p4) +
-    /// (p1 + p5)) + ((p2 + p6) + (p3 + p7)) per lane, `portable::combine8`.
-    #[inline]
-    fn combine_into(p: &[__m256; 8], out: &mut [f32]) {
-        let h = |x, y| _mm256_add_ps(x, y);
-        st(out, h(h(h(p[0], p[4]), h(p[1], p[5])), h(h(p[2], p[6]), h(p[3], p[7]))));
-    }
-
-    /// Two interleaved Q8 groups · up to eight tokens, through the eight-row kernels.
-    pub(crate) fn tile_q8(w: &[BlockQ8_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        tile_by_rows8!(w, nb, xs, out, dot_q8_r8, dot_q8_r8_x2, dot_q8_r8_x3, dot_q8_r8_x4)
-    }
-
-    /// Two interleaved Q4 groups · up to eight tokens, through the eight-row kernels.
-    pub(crate) fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        tile_by_rows8!(w, nb, xs, out, dot_q4_r8, dot_q4_r8_x2, dot_q4_r8_x3, dot_q4_r8_x4)
     }
 
     /// Two interleaved Q4_K groups (`nb` super-blocks each) · up to eight tokens.
