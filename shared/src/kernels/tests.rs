@@ -798,5 +798,18 @@ fn bench_tiles() {
         time("dot_q6k_r8_x4", 4, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q6k_r8_x4(&p6[g * nbs..(g + 1) * nbs], four(xs)))[0][0]).sum()
         });
+        // one token a call, as decode runs them (weights in cache here: what the
+        // kernel itself can stream, against the read bandwidth --bench measures)
+        time("dot_q4k_r8", 1, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q4k_r8(&pk[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
+        });
+        time("dot_q6k_r8", 1, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q6k_r8(&p6[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
+        });
+        time("tile_q4k one token", 1, &mut |xs| tile(2, xs));
+        time("tile_q6k one token", 1, &mut |xs| tile(3, xs));
+        time("dot_q4_r8", 1, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8(&p4[g * nb..(g + 1) * nb], xs[0]))[0]).sum()
+        });
     }
 }

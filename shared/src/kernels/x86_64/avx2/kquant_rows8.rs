@@ -49,10 +49,14 @@ use crate::quant::BlockQ8Act;
 /// Q4_K eight interleaved rows · N activation rows (module doc).
 /// `$scale(&[u8; 8])` takes a sub-block's eight 6-bit scales into whatever
 /// form `$scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, &scale)` wants,
-/// which gives S = sc·Σ q·q_x per lane as f32 (exact: module doc). A
-/// macro, so that all of it is inlined into the kernel.
+/// which gives S = sc·Σ q·q_x per lane as f32 (exact: module doc).
+/// `$high(load)` takes a load's high nibbles (sub-block 2c + 1) into the
+/// form `$scaled_sum_high` wants: bytes 0..15 on AVX2 (`high_nibbles`,
+/// with `$scaled_sum` again), left in place as 16·q on AVX-512 VNNI, whose
+/// sum is then shifted back (one AND per load instead of a shift and an
+/// AND). A macro, so that all of it is inlined into the kernel.
 macro_rules! q4k_rows8_n {
-    ($n:tt, $w:expr, $xs:expr, $scale:expr, $scaled_sum:expr $(,)?) => {{
+    ($n:tt, $w:expr, $xs:expr, $scale:expr, $scaled_sum:expr, $high:expr, $scaled_sum_high:expr $(,)?) => {{
         use core::arch::x86_64::*;
         use $crate::kernels::x86_64::avx2::int8::{combine_rows, ld_rows, scales_f16};
         use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8_ps};
@@ -72,13 +76,13 @@ macro_rules! q4k_rows8_n {
             let _ = unroll!(4, |c| {
                 let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
                 let lo = unroll!(8, |g| _mm256_and_si256(v[g], m4));
-                let hi = unroll!(8, |g| _mm256_and_si256(_mm256_srli_epi16::<4>(v[g]), m4));
+                let hi = unroll!(8, |g| ($high)(v[g]));
                 let (sc0, mn0) = (($scale)(&blk.scales[2 * c]), lanes_u8_ps(&blk.mins[2 * c]));
                 let (sc1, mn1) = (($scale)(&blk.scales[2 * c + 1]), lanes_u8_ps(&blk.mins[2 * c + 1]));
                 let _ = unroll!($n, |t| {
                     let xb: &[BlockQ8Act; 8] = xs[t].blocks()[8 * s..8 * s + 8].try_into().unwrap();
                     let (x0, x1) = (&xb[2 * c], &xb[2 * c + 1]);
-                    let (s0, s1) = (($scaled_sum)(&lo, x0, &sc0), ($scaled_sum)(&hi, x1, &sc1));
+                    let (s0, s1) = (($scaled_sum)(&lo, x0, &sc0), ($scaled_sum_high)(&hi, x1, &sc1));
                     acc[t][2 * c] = k_min_rows(acc[t][2 * c], s0, mn0, x0, d, dmin);
                     acc[t][2 * c + 1] = k_min_rows(acc[t][2 * c + 1], s1, mn1, x1, d, dmin);
                 });
@@ -226,6 +230,13 @@ isa_features!(
         [lo, hi]
     }
 
+    /// A Q4_K load's high nibbles as bytes 0..15 (`q4k_rows8_n!`'s
+    /// `$high`; the AVX-512 VNNI build keeps them in place instead).
+    #[inline]
+    pub(crate) fn high_nibbles(v: __m256i) -> __m256i {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f))
+    }
+
     /// Eight unsigned bytes (one per row) as i16 pairs: lane k holds row
     /// k's byte in both halves (`vpmaddwd` by it scales both of a lane's i16).
     #[inline]
@@ -263,25 +274,33 @@ isa_features!(
     /// `dot_q4k` of row k, bit for bit.
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
-        q4k_rows8_n!(1, w, [x], |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))[0]
+        q4k_rows8_n!(1, w, [x], |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
+            q4k_scaled_sum(q, x, sc)
+        })[0]
     }
 
     /// Eight interleaved Q4_K rows · two activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x2(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
-        q4k_rows8_n!(2, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
+        q4k_rows8_n!(2, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
+            q4k_scaled_sum(q, x, sc)
+        })
     }
 
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
+        q4k_rows8_n!(3, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
+            q4k_scaled_sum(q, x, sc)
+        })
     }
 
     /// Eight interleaved Q4_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-        q4k_rows8_n!(4, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
+        q4k_rows8_n!(4, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
+            q4k_scaled_sum(q, x, sc)
+        })
     }
 
     /// Eight interleaved Q6_K rows · one activation row: row k's result is

@@ -100,7 +100,7 @@ macro_rules! q4k_rows8_pairs {
             "eight-row Q4_K dot: {} super-blocks per row, activations differ",
             w.len()
         );
-        let m4 = _mm512_set1_epi8(0x0f);
+        let (m4, mf0) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8));
         let mut acc = [[_mm512_setzero_ps(); 8]; $p];
         for (s, blk) in w.iter().enumerate() {
             super::super::avx2::kquant_rows8::prefetch_ahead(blk);
@@ -110,7 +110,9 @@ macro_rules! q4k_rows8_pairs {
             let _ = unroll!(4, |c| {
                 let v = unroll!(8, |g| ld_rows_both(&blk.qs[256 * c..256 * c + 256], g));
                 let lo = unroll!(8, |g| _mm512_and_si512(v[g], m4));
-                let hi = unroll!(8, |g| _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), m4));
+                // high nibbles in place, as 16·q: the exact sum is then 16·Σ q·q_x
+                // (< 2^20), shifted back by 4 (avx512vnni's `q4k_scaled_sum_x16`)
+                let hi = unroll!(8, |g| _mm512_and_si512(v[g], mf0));
                 let k0 = (lanes_u8(&blk.scales[2 * c]), lanes_u8(&blk.mins[2 * c]));
                 let k1 = (lanes_u8(&blk.scales[2 * c + 1]), lanes_u8(&blk.mins[2 * c + 1]));
                 let _ = unroll!($p, |p| {
@@ -118,7 +120,14 @@ macro_rules! q4k_rows8_pairs {
                     let b: &[BlockQ8Act; 8] = xs[2 * p + 1].blocks()[8 * s..8 * s + 8].try_into().unwrap();
                     let (a0, b0, a1, b1) = (&a[2 * c], &b[2 * c], &a[2 * c + 1], &b[2 * c + 1]);
                     acc[p][2 * c] = k_min_pair(acc[p][2 * c], sum_pair(&lo, a0, b0), k0, (a0, b0), d, dmin);
-                    acc[p][2 * c + 1] = k_min_pair(acc[p][2 * c + 1], sum_pair(&hi, a1, b1), k1, (a1, b1), d, dmin);
+                    acc[p][2 * c + 1] = k_min_pair(
+                        acc[p][2 * c + 1],
+                        _mm512_srai_epi32::<4>(sum_pair(&hi, a1, b1)),
+                        k1,
+                        (a1, b1),
+                        d,
+                        dmin,
+                    );
                 });
             });
         }

@@ -250,6 +250,23 @@ isa_features!(
         _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_add_epi32(a, b)))
     }
 
+    /// `q4k_scaled_sum` for codes given as 16·q (`high_nibbles_x16`): the
+    /// exact i32 sum is 16·Σ q·q_x (at most 16·32·15·128 < 2^20), so an
+    /// arithmetic shift right by 4 gives Σ q·q_x exactly.
+    #[inline]
+    fn q4k_scaled_sum_x16(q: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256) -> __m256 {
+        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
+        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
+        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_srai_epi32::<4>(_mm256_add_epi32(a, b))))
+    }
+
+    /// A Q4_K load's high nibbles in place, as 16·q (one AND instead of a
+    /// shift and an AND; `q4k_scaled_sum_x16` takes the 16 off the sum).
+    #[inline]
+    fn high_nibbles_x16(v: __m256i) -> __m256i {
+        _mm256_and_si256(v, _mm256_set1_epi8(0xf0u8 as i8))
+    }
+
     /// The 6-bit codes of sub-blocks 2c and 2c + 1 of an interleaved Q6_K
     /// super-block (as avx2/kquant_rows8.rs's `q6k_codes_r8`, same bytes):
     /// each `qh` load masked by 0x33 once keeps fields 0 and 2 at bits 0..1
@@ -283,13 +300,23 @@ isa_features!(
     /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
-        q4k_rows8_n!(1, w, [x], |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc))[0]
+        q4k_rows8_n!(
+            1,
+            w,
+            [x],
+            |v| lanes_u8_ps(v),
+            |q, x, sc| q4k_scaled_sum(q, x, sc),
+            high_nibbles_x16,
+            |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
+        )[0]
     }
 
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc))
+        q4k_rows8_n!(3, w, xs, |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles_x16, |q, x, sc| {
+            q4k_scaled_sum_x16(q, x, sc)
+        })
     }
 
     /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).
