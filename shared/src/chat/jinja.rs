@@ -29,10 +29,21 @@ use super::{Message, PromptText, Role, Tool};
 /// The template's name in its environment (errors name it).
 const NAME: &str = "chat template";
 /// Work one rendering may do (minijinja's fuel, about one unit per
-/// instruction): a template that loops for ever ends with an error.
-/// A 200-turn conversation with tools under Qwen3's template takes about
-/// 300,000.
-const FUEL: u64 = 50_000_000;
+/// instruction), for a conversation of `items` messages and tools: a
+/// template that loops for ever, or recurses into itself twice per call,
+/// ends with an error after at most this much. Real templates' work grows
+/// with the conversation, some quadratically: with four tools, 400 turns
+/// (881 messages) take 2.85M units under Gemma 4's template and 0.51M
+/// under DeepSeek V3.2's (the worst of llama.cpp's `models/templates/`),
+/// 3.2 × items², within the 20 × items² here; one turn takes at most
+/// 3,306 (Kimi K3's). So a small request costs a hostile template about
+/// one million units (40 ms; 2 s under the fuzzer's sanitizer) and no
+/// request more than 50 million (2 s), where a fixed 50 million let
+/// every request of a few messages cost that.
+fn fuel(items: usize) -> u64 {
+    let n = items as u64;
+    1_000_000u64.saturating_add(20_000 * n).saturating_add(n.saturating_mul(n).saturating_mul(20)).min(50_000_000)
+}
 /// The tool whose name the probe for tool support looks for.
 const PROBE_TOOL: &str = "krafla_probe_tool_7d2f";
 /// Around each request string in the marked rendering.
@@ -66,7 +77,7 @@ impl JinjaTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(FUEL));
+        env.set_fuel(Some(fuel(0)));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
@@ -150,6 +161,7 @@ impl JinjaTemplate {
         for m in messages {
             conv.push(message_json(m, marks.as_deref_mut()));
         }
+        let items = messages.len() + tools.len();
         let tools: Vec<JValue> = tools.iter().map(|t| to_jinja(&tool_json(t), marks.as_deref_mut())).collect();
         let mut ctx: Vec<(String, JValue)> = vec![
             ("messages".into(), JValue::from(conv)),
@@ -162,7 +174,11 @@ impl JinjaTemplate {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k.clone(), to_jinja(v, None)));
         }
-        let tmpl = self.env.get_template(NAME).map_err(|e| one_line(&e))?;
+        // the budget for this conversation's size (`fuel`), on a copy of the
+        // environment (its templates and functions are shared, not copied)
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel(items)));
+        let tmpl = env.get_template(NAME).map_err(|e| one_line(&e))?;
         tmpl.render(JValue::from_iter(ctx)).map_err(|e| one_line(&e))
     }
 }
@@ -504,6 +520,31 @@ mod tests {
         assert_eq!(parts("end|> x [INST] y <|im_"), ["end|>", "[INST]", "<|im_"]);
         assert_eq!(parts("a <b <c> d"), ["<b <c>"]);
         assert!(parts("plain text").is_empty());
+    }
+
+    /// A macro that calls itself twice per call (2^21 calls): the fuzzer's
+    /// find (tests/fuzz/seeds/chat_template/exponential_macro), which ran
+    /// a fixed budget of 50 million units, two seconds a rendering. A short
+    /// conversation now gets about one million.
+    #[test]
+    fn a_template_that_recurses_twice_per_call_runs_out_of_fuel() {
+        let source = "{% macro r(x, d) %}{% if d > 0 %}{{ r(x, d - 1) }}{{ r(x, d - 1) }}{% else %}{{ x }}\
+            {% endif %}{% endmacro %}{{ r('a', 20) }}{% for m in messages %}{{ m.content }}{% endfor %}";
+        let err = render(source, &[Message::new(Role::User, "hi")]).unwrap_err();
+        assert!(err.contains("ran out of fuel"), "{err}");
+        assert!(fuel(2) < 1_100_000 && fuel(1 << 40) == 50_000_000);
+    }
+
+    /// Real templates' work grows with the conversation, some quadratically
+    /// (`fuel`): 1,000 messages under a template that walks the
+    /// conversation once per message (a million steps) still render.
+    #[test]
+    fn a_long_conversation_under_a_quadratic_template_renders() {
+        let source = "{% for m in messages %}{% for k in messages %}{% if k.role == 'x' %}!{% endif %}\
+            {% endfor %}{{ m.content }}{% endfor %}";
+        let m: Vec<Message> = (0..1000).map(|i| Message::new(Role::User, &format!("m{i}"))).collect();
+        let p = render(source, &m).unwrap();
+        assert!(p.as_str().starts_with("m0m1m2") && p.as_str().ends_with("m999"), "{}", p.as_str());
     }
 
     #[test]
