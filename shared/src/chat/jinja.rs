@@ -542,7 +542,7 @@ mod tests {
     fn a_long_conversation_under_a_quadratic_template_renders() {
         let source = "{% for m in messages %}{% for k in messages %}{% if k.role == 'x' %}!{% endif %}\
             {% endfor %}{{ m.content }}{% endfor %}";
-        let m: Vec<Message> = (0..1000).map(|i| Message::new(Role::User, &format!("m{i}"))).collect();
+        let m: Vec<Message> = (0..1000).map(|i| Message::new(Role::User, format!("m{i}"))).collect();
         let p = render(source, &m).unwrap();
         assert!(p.as_str().starts_with("m0m1m2") && p.as_str().ends_with("m999"), "{}", p.as_str());
     }
