@@ -151,6 +151,22 @@ pub(crate) use q6k_rows8_n;
 /// ~10 % over none at one thread; into L1 (`T0`) lost 25 %.
 pub(crate) const PREFETCH_AHEAD: usize = 12288;
 
+/// `q4k_rows8_n!` with AVX2's steps: the scale as i16 pairs, S by
+/// `q4k_scaled_sum` for both nibbles (the high ones shifted down).
+macro_rules! q4k_rows8_avx2 {
+    ($n:tt, $w:expr, $xs:expr) => {
+        q4k_rows8_n!(
+            $n,
+            $w,
+            $xs,
+            |v| scale_pairs_u8(v),
+            |q, x, sc| q4k_scaled_sum(q, x, sc),
+            high_nibbles,
+            |q, x, sc| q4k_scaled_sum(q, x, sc)
+        )
+    };
+}
+
 isa_features!(
     /// Asks for the cache lines `PREFETCH_AHEAD` bytes past `blk`'s (an
     /// interleaved super-block; the matrix is read in address order), so
@@ -274,33 +290,25 @@ isa_features!(
     /// `dot_q4k` of row k, bit for bit.
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
-        q4k_rows8_n!(1, w, [x], |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
-            q4k_scaled_sum(q, x, sc)
-        })[0]
+        q4k_rows8_avx2!(1, w, [x])[0]
     }
 
     /// Eight interleaved Q4_K rows · two activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x2(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
-        q4k_rows8_n!(2, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
-            q4k_scaled_sum(q, x, sc)
-        })
+        q4k_rows8_avx2!(2, w, xs)
     }
 
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
-            q4k_scaled_sum(q, x, sc)
-        })
+        q4k_rows8_avx2!(3, w, xs)
     }
 
     /// Eight interleaved Q4_K rows · four activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
-        q4k_rows8_n!(4, w, xs, |v| scale_pairs_u8(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles, |q, x, sc| {
-            q4k_scaled_sum(q, x, sc)
-        })
+        q4k_rows8_avx2!(4, w, xs)
     }
 
     /// Eight interleaved Q6_K rows · one activation row: row k's result is

@@ -240,14 +240,21 @@ isa_features!(
         s
     }
 
-    /// S = sc·Σ q·q_x per lane over a Q4_K sub-block (`sc` as f32 lanes):
-    /// the eight groups' exact i32 sum (two `dot16`) times the scale in
-    /// f32, exact (avx2/kquant_rows8.rs's module doc).
+    /// The exact i32 Σ q·q_x per lane over a Q4_K sub-block (eight groups,
+    /// two `dot16`).
     #[inline]
-    fn q4k_scaled_sum(q: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256) -> __m256 {
+    fn q4k_isum(q: &[__m256i; 8], x: &BlockQ8Act) -> __m256i {
         let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
         let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
-        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_add_epi32(a, b)))
+        _mm256_add_epi32(a, b)
+    }
+
+    /// S = sc·Σ q·q_x per lane over a Q4_K sub-block (`sc` as f32 lanes):
+    /// the exact i32 sum (`q4k_isum`) times the scale in f32, exact
+    /// (avx2/kquant_rows8.rs's module doc).
+    #[inline]
+    fn q4k_scaled_sum(q: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256) -> __m256 {
+        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(q4k_isum(q, x)))
     }
 
     /// `q4k_scaled_sum` for codes given as 16·q (`high_nibbles_x16`): the
@@ -255,9 +262,7 @@ isa_features!(
     /// arithmetic shift right by 4 gives Σ q·q_x exactly.
     #[inline]
     fn q4k_scaled_sum_x16(q: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256) -> __m256 {
-        let a = dot16([q[0], q[1], q[2], q[3]], unroll!(4, |g| bcast4(x, g)));
-        let b = dot16([q[4], q[5], q[6], q[7]], unroll!(4, |g| bcast4(x, 4 + g)));
-        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_srai_epi32::<4>(_mm256_add_epi32(a, b))))
+        _mm256_mul_ps(*sc, _mm256_cvtepi32_ps(_mm256_srai_epi32::<4>(q4k_isum(q, x))))
     }
 
     /// A Q4_K load's high nibbles in place, as 16·q (one AND instead of a
