@@ -4,13 +4,14 @@ on any thread count, the real models' logits against transformers, and hostile f
 import base64
 import filecmp
 import json
+import re
 import struct
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, FixtureJson, run_ml
+from conftest import FIXTURES, REPO, FixtureJson, ml_bin, run_ml
 
 REAL = {name: FixtureJson(FIXTURES / "real" / f"{name}.json") for name in ("smollm2-135m", "gemma3-270m")}
 
@@ -223,6 +224,34 @@ def test_mlb_reader_decodes_k_quants_as_the_gguf_package(name):
     got = mlb.decode(raw.reshape(-1), ttype, (2, 150 * 256)).reshape(-1)
     same = (got.view("<u4") == want.view("<u4")) | (np.isnan(got) & np.isnan(want))
     assert same.all(), f"{name}: {np.count_nonzero(~same)} values differ"
+
+
+def test_q5_k_matrices_repacked_give_the_row_kernels_bits(native, tmp_path):
+    """Q5_K matrices (a tiny random llama GGUF, tests/test_nonfinite.py's, with its attention
+    output and feed-forward gate and up in Q5_K): the builds with eight-row K-quant kernels copy
+    them into eight-row groups at load (the startup line counts them) and run them through the
+    eight-row kernels and, from 16 tokens, the prompt tiles; --no-repack keeps the plain rows and
+    the row kernels, and the native build has no eight-row kernels at all. Same logits, byte for
+    byte, at 1 and 2 threads, in one batch and in batches of 5."""
+    from test_nonfinite import tiny_gguf
+    path = tiny_gguf(tmp_path / "q5k.gguf", q5k=True)
+    ids = ",".join(str(3 + (i * 37) % 290) for i in range(40))
+    p = run_ml(path, "--prompt-ids", ids, "-n", "0")
+    x86_kquant_rows8 = re.search(r"isa (avx2|avx512vnni),", p.stderr)
+    repacked = float(re.search(r"\+ ([0-9.]+) MiB repacked weights", p.stderr).group(1))
+    assert (repacked > 0) == bool(x86_kquant_rows8), p.stderr
+
+    def logits(exe, *extra):
+        out = tmp_path / "logits.f32"
+        subprocess.run([str(exe), str(path), "--prompt-ids", ids, "--logits-out", str(out), "-n", "0", *extra],
+                       check=True, capture_output=True, timeout=600)
+        return out.read_bytes()
+
+    want = logits(native, "-t", "1")
+    for threads, batch in [("1", "512"), ("2", "512"), ("2", "5")]:
+        for extra in [(), ("--no-repack",)]:
+            got = logits(ml_bin(), "-t", threads, "--batch", batch, *extra)
+            assert got == want, f"-t {threads} --batch {batch} {' '.join(extra)}: not the native build's logits"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ def q8_0_bytes(x):
 
 
 def k_quant_bytes(rng, rows, cols, kind):
-    """Random Q4_K (d, dmin, 12 scale bytes, 128 code bytes) or Q6_K (128 + 64 code bytes, 16
-    scales, d) super-blocks with small scales, as [rows][bytes of a row] uint8."""
+    """Random Q4_K (d, dmin, 12 scale bytes, 128 code bytes), Q5_K (d, dmin, 12 scale bytes, 32
+    bytes of fifth bits, 128 code bytes) or Q6_K (128 + 64 code bytes, 16 scales, d)
+    super-blocks with small scales, as [rows][bytes of a row] uint8."""
     n = rows * cols // 256
-    if kind == "Q4_K":
+    if kind in ("Q4_K", "Q5_K"):
         scales = np.full((n, 2), 2e-4, "<f2").view(np.uint8)
-        body = rng.integers(0, 256, (n, 140), dtype=np.uint8)
+        body = rng.integers(0, 256, (n, 140 if kind == "Q4_K" else 172), dtype=np.uint8)
         return np.concatenate([scales, body], axis=1).reshape(rows, -1)
     body = rng.integers(0, 256, (n, 192), dtype=np.uint8)
     sub = rng.integers(1, 32, (n, 16), dtype=np.uint8)
@@ -45,11 +46,12 @@ def set_f16(row_bytes, at, value):
     row_bytes.reshape(-1)[at:at + 2] = np.array([value], "<f2").view(np.uint8)
 
 
-def tiny_gguf(path, embd="F32", poison=None):
+def tiny_gguf(path, embd="F32", poison=None, q5k=False):
     """A two-layer llama GGUF (hidden 256, random weights, untied output) with a SentencePiece
     vocabulary of V tokens: the token embedding in `embd` (F32, F16, Q8_0 or Q4_K), the attention
     output in Q4_K and the feed-forward's down projection in Q6_K (K-quants, used as stored where
-    the build has no eight-row kernels for them), the rest F32. `poison(tensors)` changes the
+    the build has no eight-row kernels for them), with `q5k` the attention output and the
+    feed-forward's gate and up projections in Q5_K, the rest F32. `poison(tensors)` changes the
     arrays (name -> (array, raw GGML type or None)) before they are written."""
     import gguf
 
@@ -71,6 +73,11 @@ def tiny_gguf(path, embd="F32", poison=None):
             f"blk.{i}.ffn_up.weight": (normal(F, D), None),
             f"blk.{i}.ffn_down.weight": (k_quant_bytes(rng, D, F, "Q6_K"), gguf.GGMLQuantizationType.Q6_K),
         }
+        if q5k:
+            q5 = gguf.GGMLQuantizationType.Q5_K
+            tensors |= {f"blk.{i}.attn_output.weight": (k_quant_bytes(rng, D, D, "Q5_K"), q5),
+                        f"blk.{i}.ffn_gate.weight": (k_quant_bytes(rng, F, D, "Q5_K"), q5),
+                        f"blk.{i}.ffn_up.weight": (k_quant_bytes(rng, F, D, "Q5_K"), q5)}
     tensors |= {"output_norm.weight": (np.ones(D, np.float32), None), "output.weight": (normal(V, D), None)}
     if poison:
         poison(tensors)
@@ -147,6 +154,9 @@ CASES = {
     # row 9's one super-block's dmin (bytes 2..4 of its 144)
     "q4_k dmin NaN": ("F32", scale_at("blk.1.attn_output.weight", 144 * (9 * D // 256) + 2, np.nan),
                       f"tensor 'blk.1.attn_o' has a non-finite scale (NaN) in block {9 * D // 256}"),
+    # a Q5_K matrix's row 9, its one super-block's dmin (bytes 2..4 of its 176)
+    "q5_k dmin NaN": ("F32", scale_at("blk.0.attn_output.weight", 176 * (9 * D // 256) + 2, np.nan),
+                      f"tensor 'blk.0.attn_o' has a non-finite scale (NaN) in block {9 * D // 256}", [], True),
     # row 9's second super-block's d (the last 2 of its 210 bytes)
     "q6_k scale NaN": ("F32", scale_at("blk.0.ffn_down.weight", 210 * (9 * F // 256 + 1) + 208, np.nan),
                        f"tensor 'blk.0.ffn_down' has a non-finite scale (NaN) in block {9 * F // 256 + 1}"),
@@ -171,10 +181,10 @@ def test_the_clean_model_runs(tmp_path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_non_finite_weights_fail_on_one_line_naming_the_tensor(tmp_path, case):
-    embd, poison, says, *options = CASES[case]
-    path = tiny_gguf(tmp_path / "poisoned.gguf", embd, poison)
-    p = run_ml(path, *(options[0] if options else []), "--prompt-ids", ",".join(map(str, PROMPT_BAD)), "-n", "4",
-               check=False)
+    embd, poison, says, *rest = CASES[case]
+    options, q5k = (rest[0] if rest else []), len(rest) > 1 and rest[1]
+    path = tiny_gguf(tmp_path / "poisoned.gguf", embd, poison, q5k)
+    p = run_ml(path, *options, "--prompt-ids", ",".join(map(str, PROMPT_BAD)), "-n", "4", check=False)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip() and "loaded in" not in ln]
     assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr)
     assert lines[0].startswith(f"krafla: {path}: {says}"), lines[0]

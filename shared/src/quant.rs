@@ -472,6 +472,35 @@ pub struct BlockQ4Kx8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 32 + 128 + 1024);
 
+/// Super-block s of eight consecutive Q5_K rows, interleaved for the
+/// eight-row K-quant kernels (`Kernels::dot_q5k_r8`): `d`, `dmin`,
+/// `scales`, `mins` and `qs` (each code's low four bits) as in
+/// `BlockQ4Kx8`; `qh[32·g + 4·k + e]` is row k's byte `qh[4·g + e]`, whose
+/// bit j is the fifth bit of code 4·g + e of sub-block j, so one 32-byte
+/// load g holds in lane k the fifth bits of row k's codes 4g..4g + 4 of
+/// every sub-block, beside `qs`'s loads (c, g). 1440 bytes for 8 × 176.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ5Kx8 {
+    pub d: [f16; ROWS8],
+    pub dmin: [f16; ROWS8],
+    pub scales: [[u8; ROWS8]; 8],
+    pub mins: [[u8; ROWS8]; 8],
+    pub qs: [u8; ROWS8 * QK_K / 2],
+    pub qh: [u8; ROWS8 * QK_K / 8],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5Kx8>() == 32 + 128 + 1024 + 256);
+
+impl BlockQ5Kx8 {
+    /// Row k's 5-bit code of weight l of sub-block j, as `q5k_code` of the row's block.
+    #[inline(always)]
+    pub fn code(&self, k: usize, j: usize, l: usize) -> u8 {
+        let at = 32 * (l / 4) + 4 * k + l % 4;
+        let low = (self.qs[256 * (j / 2) + at] >> (4 * (j % 2))) & 15;
+        low | (((self.qh[at] >> j) & 1) << 4)
+    }
+}
+
 /// Super-block s of eight consecutive Q6_K rows, interleaved for the
 /// eight-row K-quant kernels (`Kernels::dot_q6k_r8`) at the file's density
 /// (210 bytes a row): `d[k]` is row k's, `scales[i][k]` row k's scale of
@@ -544,6 +573,33 @@ fn group_q4k_x8(rows: [&BlockQ4K; ROWS8]) -> BlockQ4Kx8 {
         // byte 32·c + 4·g + e of the row to 256·c + 32·g + 4·k + e
         for i in 0..QK_K / 8 {
             put_word(&mut x.qs, 256 * (i / 8) + 32 * (i % 8) + 4 * k, word(&r.qs, 4 * i));
+        }
+    }
+    x
+}
+
+/// The eight-row layout of a Q5_K matrix (as `repack_q4k_x8`).
+pub fn repack_q5k_x8(w: &[BlockQ5K], nb: usize, what: &str) -> Result<Vec<BlockQ5Kx8>, String> {
+    repack_rows8(w, nb, 0, Scales::Any, what)
+}
+
+/// Super-block s of eight Q5_K rows, interleaved: the low four bits as
+/// `group_q4k_x8` lays out Q4_K's, the fifth bits beside them.
+fn group_q5k_x8(rows: [&BlockQ5K; ROWS8]) -> BlockQ5Kx8 {
+    let q4k = rows.map(|r| BlockQ4K { d: r.d, dmin: r.dmin, scales: r.scales, qs: r.qs });
+    let low = group_q4k_x8(std::array::from_fn(|k| &q4k[k]));
+    let mut x = BlockQ5Kx8 {
+        d: low.d,
+        dmin: low.dmin,
+        scales: low.scales,
+        mins: low.mins,
+        qs: low.qs,
+        qh: [0; ROWS8 * QK_K / 8],
+    };
+    for (k, r) in rows.iter().enumerate() {
+        // byte 4·g + e of the row to 32·g + 4·k + e
+        for g in 0..QK_K / 32 {
+            put_word(&mut x.qh, 32 * g + 4 * k, word(&r.qh, 4 * g));
         }
     }
     x
@@ -658,6 +714,27 @@ impl Rows8 for BlockQ4Kx8 {
             d: self.d[k],
             dmin: self.dmin[k],
             scales: pack_scales_mins_k4(&sc, &mn),
+            qs: std::array::from_fn(|i| self.qs[256 * (i / 32) + 32 * ((i % 32) / 4) + 4 * k + i % 4]),
+        }
+    }
+}
+
+impl Rows8 for BlockQ5Kx8 {
+    type Row = BlockQ5K;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        nonfinite_of_rows(&[&self.d, &self.dmin])
+    }
+    fn group(rows: [&BlockQ5K; ROWS8], _bias: u8) -> Self {
+        group_q5k_x8(rows)
+    }
+    fn row(&self, k: usize, _bias: u8) -> BlockQ5K {
+        let sc = std::array::from_fn(|j| self.scales[j][k]);
+        let mn = std::array::from_fn(|j| self.mins[j][k]);
+        BlockQ5K {
+            d: self.d[k],
+            dmin: self.dmin[k],
+            scales: pack_scales_mins_k4(&sc, &mn),
+            qh: std::array::from_fn(|l| self.qh[32 * (l / 4) + 4 * k + l % 4]),
             qs: std::array::from_fn(|i| self.qs[256 * (i / 32) + 32 * ((i % 32) / 4) + 4 * k + i % 4]),
         }
     }
@@ -1004,6 +1081,15 @@ mod tests {
         assert_eq!(bytemuck::cast_slice::<_, u8>(&by_piece), bytemuck::cast_slice::<_, u8>(&packed));
         let w: Vec<BlockQ4K> = blocks(rows * nb, 3);
         round_trip(&w, nb, 0, &repack_q4k_x8(&w, nb, "test").unwrap());
+        let w: Vec<BlockQ5K> = blocks(rows * nb, 11);
+        let packed = repack_q5k_x8(&w, nb, "test").unwrap();
+        round_trip(&w, nb, 0, &packed);
+        for (i, x) in packed.iter().enumerate() {
+            for (k, j, l) in (0..ROWS8).flat_map(|k| (0..8).flat_map(move |j| (0..QK).map(move |l| (k, j, l)))) {
+                let row = &w[(i / nb * ROWS8 + k) * nb + i % nb];
+                assert_eq!(x.code(k, j, l), q5k_code(row, j, l), "group block {i}, row {k}, sub-block {j}, weight {l}");
+            }
+        }
         let w: Vec<BlockQ6K> = blocks(rows * nb, 4);
         round_trip(&w, nb, 0, &repack_q6k_x8(&w, nb, "test").unwrap());
     }

@@ -137,7 +137,7 @@ pub struct RunArgs {
     /// System prompt for the chat template.
     #[arg(long)]
     pub system: Option<String>,
-    /// Keep Q8_0/Q4_0 (Q4_K/Q6_K) weights stored in plain rows only in the mapped file: no
+    /// Keep Q8_0/Q4_0 (Q4_K/Q5_K/Q6_K) weights stored in plain rows only in the mapped file: no
     /// interleaved copy for the eight-row kernels (slower, less memory; same logits). Weights
     /// stored in eight-row groups (files written by --save or convert.py) are read in place anyway.
     #[arg(long)]

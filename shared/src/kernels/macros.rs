@@ -26,7 +26,9 @@ macro_rules! entry_points {
         entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x2, dot_q4_r8_x2, dot_q8_r8_x3, dot_q4_r8_x3, dot_q8_r8_x4, dot_q4_r8_x4);
     };
     (@group $m:ident kquant_rows8) => {
-        entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4);
+        entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4);
+        entry_points!($m: dot_q5k_r8, dot_q5k_r8_x2, dot_q5k_r8_x3, dot_q5k_r8_x4);
+        entry_points!($m: dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4);
     };
     (@group $m:ident tiles) => {
         entry_points!(@group $m kquant_tiles);
@@ -37,6 +39,7 @@ macro_rules! entry_points {
     (@group $m:ident kquant_tiles) => {
         const TILE_TOKENS: usize = $m::TILE_TOKENS;
         entry_points!(@tile $m tile_q4k BlockQ4Kx8);
+        entry_points!(@tile $m tile_q5k BlockQ5Kx8);
         entry_points!(@tile $m tile_q6k BlockQ6Kx8);
     };
     (@tile $m:ident $name:ident $blk:ident) => {
@@ -64,6 +67,9 @@ macro_rules! entry_points {
     (@one $m:ident dot_q4k_r8_x2) => { entry_points!(@rows $m dot_q4k_r8_x2 BlockQ4Kx8 2); };
     (@one $m:ident dot_q4k_r8_x3) => { entry_points!(@rows $m dot_q4k_r8_x3 BlockQ4Kx8 3); };
     (@one $m:ident dot_q4k_r8_x4) => { entry_points!(@rows $m dot_q4k_r8_x4 BlockQ4Kx8 4); };
+    (@one $m:ident dot_q5k_r8_x2) => { entry_points!(@rows $m dot_q5k_r8_x2 BlockQ5Kx8 2); };
+    (@one $m:ident dot_q5k_r8_x3) => { entry_points!(@rows $m dot_q5k_r8_x3 BlockQ5Kx8 3); };
+    (@one $m:ident dot_q5k_r8_x4) => { entry_points!(@rows $m dot_q5k_r8_x4 BlockQ5Kx8 4); };
     (@one $m:ident dot_q6k_r8_x2) => { entry_points!(@rows $m dot_q6k_r8_x2 BlockQ6Kx8 2); };
     (@one $m:ident dot_q6k_r8_x3) => { entry_points!(@rows $m dot_q6k_r8_x3 BlockQ6Kx8 3); };
     (@one $m:ident dot_q6k_r8_x4) => { entry_points!(@rows $m dot_q6k_r8_x4 BlockQ6Kx8 4); };
@@ -132,6 +138,13 @@ macro_rules! entry_points {
         fn dot_q4k_r8(w: &[crate::quant::BlockQ4Kx8], x: crate::quant::ActRef) -> [f32; 8] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q4k_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_q5k_r8) => {
+        #[inline]
+        fn dot_q5k_r8(w: &[crate::quant::BlockQ5Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_q5k_r8(w, x) }
         }
     };
     (@one $m:ident dot_q6k_r8) => {

@@ -11,8 +11,8 @@ use super::{Arch, Kernels};
 use crate::pool;
 use crate::quant::{
     dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockMxfp4, BlockQ4K,
-    BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32,
-    BlockQ8_0x8, QK, QK_K, ROWS8,
+    BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0,
+    BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// Borrowed rows of a weight matrix, in their stored type.
@@ -30,15 +30,16 @@ pub enum WeightData<'a> {
     Mxfp4(&'a [BlockMxfp4]),
 }
 
-/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q6_K matrix again, in the
-/// eight-row interleaved layout (the eight-row kernels): group g's block b
-/// at g·nb + b, nb = cols/32 (Q8_0, Q4_0) or cols/256 (Q4_K, Q6_K).
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K matrix again,
+/// in the eight-row interleaved layout (the eight-row kernels): group g's
+/// block b at g·nb + b, nb = cols/32 (Q8_0, Q4_0) or cols/256 (K-quants).
 #[derive(Clone, Copy)]
 pub enum Packed<'a> {
     None,
     Q8(&'a [BlockQ8_0x8]),
     Q4(&'a [BlockQ4_0x8]),
     Q4K(&'a [BlockQ4Kx8]),
+    Q5K(&'a [BlockQ5Kx8]),
     Q6K(&'a [BlockQ6Kx8]),
 }
 
@@ -83,6 +84,7 @@ impl<'a> MatRef<'a> {
             Packed::Q8(p) if whole => Packed::Q8(part(p, b, g0, gn)),
             Packed::Q4(p) if whole => Packed::Q4(part(p, b, g0, gn)),
             Packed::Q4K(p) if whole => Packed::Q4K(part(p, k, g0, gn)),
+            Packed::Q5K(p) if whole => Packed::Q5K(part(p, k, g0, gn)),
             Packed::Q6K(p) if whole => Packed::Q6K(part(p, k, g0, gn)),
             _ => Packed::None,
         };
@@ -131,6 +133,7 @@ impl<'a> MatRef<'a> {
             Packed::Q8(p) => (p.len(), self.cols / QK),
             Packed::Q4(p) => (p.len(), self.cols / QK),
             Packed::Q4K(p) => (p.len(), self.cols / QK_K),
+            Packed::Q5K(p) => (p.len(), self.cols / QK_K),
             Packed::Q6K(p) => (p.len(), self.cols / QK_K),
             Packed::None => return None,
         };
@@ -168,6 +171,7 @@ impl<'a> MatRef<'a> {
             Packed::Q8(p) => call!(p, dot_q8_r8, dot_q8_r8_x2, dot_q8_r8_x3, dot_q8_r8_x4),
             Packed::Q4(p) => call!(p, dot_q4_r8, dot_q4_r8_x2, dot_q4_r8_x3, dot_q4_r8_x4),
             Packed::Q4K(p) => call!(p, dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4),
+            Packed::Q5K(p) => call!(p, dot_q5k_r8, dot_q5k_r8_x2, dot_q5k_r8_x3, dot_q5k_r8_x4),
             Packed::Q6K(p) => call!(p, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4),
             Packed::None => return false,
         }
@@ -188,6 +192,7 @@ impl<'a> MatRef<'a> {
             (Packed::Q8(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::Q4(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::Q4K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::Q5K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::Q6K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::None, _) => match self.data {
                 WeightData::Q8_0(w) => part(w, r * b, n * b),
@@ -204,10 +209,10 @@ impl<'a> MatRef<'a> {
     }
 
     /// Rows r .. r + 16 (two repacked groups) with tokens t0 .. t0 + n
-    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q6k`),
+    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q5k`, `tile_q6k`),
     /// `Kernels::TILE_TOKENS` tokens a call: `put(i, t, value)` for row
     /// r + i and token t; returns whether it was (the set has tile kernels
-    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q6_K ones).
+    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K ones).
     #[inline]
     fn prompt_tile<'x>(
         &self,
@@ -218,7 +223,7 @@ impl<'a> MatRef<'a> {
         mut put: impl FnMut(usize, usize, f32),
     ) -> bool {
         if Arch::TILE_TOKENS == 0
-            || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_) | Packed::Q4K(_) | Packed::Q6K(_))
+            || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_) | Packed::Q4K(_) | Packed::Q5K(_) | Packed::Q6K(_))
         {
             return false;
         }
@@ -236,6 +241,7 @@ impl<'a> MatRef<'a> {
                 Packed::Q8(p) => Arch::tile_q8(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q4(p) => Arch::tile_q4(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q4K(p) => Arch::tile_q4k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
+                Packed::Q5K(p) => Arch::tile_q5k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q6K(p) => Arch::tile_q6k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 _ => unreachable!("prompt_tile: checked above"),
             }

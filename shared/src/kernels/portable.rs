@@ -12,7 +12,7 @@ use half::f16;
 use super::set::Kernels;
 use crate::quant::{
     e8m0_half, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8,
-    BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK,
+    BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK,
 };
 
 /// The scalar kernel set.
@@ -200,6 +200,24 @@ impl Kernels for Portable {
                             ((byte >> (4 * (j % 2))) & 15) as i32 * bx.qs[l] as i32
                         })
                         .sum();
+                    let (sc, mn) = (bw.scales[j][k] as i32, bw.mins[j][k] as i32);
+                    row[j] += k_min_term(d, dmin, bx.d, sc * isum, mn * bx.sum);
+                }
+            }
+        }
+        acc.map(combine8)
+    }
+
+    /// Eight interleaved Q5_K rows (`quant::repack_q5k_x8`) · one activation
+    /// row: row k's result is `dot_q5k` of row k, the same operations.
+    fn dot_q5k_r8(w: &[BlockQ5Kx8], x: ActRef) -> [f32; 8] {
+        debug_assert_eq!(w.len() * 8, x.len());
+        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+        for (s, bw) in w.iter().enumerate() {
+            for (k, row) in acc.iter_mut().enumerate() {
+                let (d, dmin) = (bw.d[k].to_f32(), bw.dmin[k].to_f32());
+                for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                    let isum: i32 = (0..QK).map(|l| bw.code(k, j, l) as i32 * bx.qs[l] as i32).sum();
                     let (sc, mn) = (bw.scales[j][k] as i32, bw.mins[j][k] as i32);
                     row[j] += k_min_term(d, dmin, bx.d, sc * isum, mn * bx.sum);
                 }

@@ -18,8 +18,8 @@ use half::f16;
 
 use super::portable::Portable;
 use crate::quant::{
-    ActQ8, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8_0,
-    BlockQ8_0x8, Q4Block, Q8Block,
+    ActQ8, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8,
+    BlockQ8_0, BlockQ8_0x8, Q4Block, Q8Block,
 };
 
 pub trait Kernels {
@@ -30,7 +30,7 @@ pub trait Kernels {
     /// quant (`quant::repack_q8_x8`).
     const Q8_X8_BIAS: u8 = Portable::Q8_X8_BIAS;
     /// This set has its own eight-row K-quant kernels (`dot_q4k_r8`,
-    /// `dot_q6k_r8` ...): the model copies Q4_K / Q6_K matrices into the
+    /// `dot_q5k_r8`, `dot_q6k_r8` ...): the model copies Q4_K / Q5_K / Q6_K matrices into the
     /// interleaved layout at load time (the other sets keep them per row).
     const KQUANT_ROWS8: bool = false;
     /// What `int8_peak` runs, for `--bench`'s line.
@@ -169,6 +169,10 @@ pub trait Kernels {
     fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
         tile_by_rows8(w, nb, xs, out, (Self::dot_q4k_r8, Self::dot_q4k_r8_x2, Self::dot_q4k_r8_x3, Self::dot_q4k_r8_x4))
     }
+    /// As `tile_q4k` for Q5_K groups: `dot_q5k` of each row, bit for bit.
+    fn tile_q5k(w: &[BlockQ5Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile_by_rows8(w, nb, xs, out, (Self::dot_q5k_r8, Self::dot_q5k_r8_x2, Self::dot_q5k_r8_x3, Self::dot_q5k_r8_x4))
+    }
     /// As `tile_q4k` for Q6_K groups: `dot_q6k` of each row, bit for bit.
     fn tile_q6k(w: &[BlockQ6Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
         tile_by_rows8(w, nb, xs, out, (Self::dot_q6k_r8, Self::dot_q6k_r8_x2, Self::dot_q6k_r8_x3, Self::dot_q6k_r8_x4))
@@ -196,7 +200,7 @@ pub trait Kernels {
         xs.map(|x| Self::dot_q6k(w, x))
     }
 
-    // ---- eight interleaved K-quant rows (`quant::BlockQ4Kx8`, `BlockQ6Kx8`;
+    // ---- eight interleaved K-quant rows (`quant::BlockQ4Kx8`, `BlockQ5Kx8`, `BlockQ6Kx8`;
     // defaults as for `dot_q8_r8`: `Portable`'s reference, reached only by
     // tests for a set without its own, `KQUANT_ROWS8` false)
 
@@ -216,6 +220,23 @@ pub trait Kernels {
     /// Eight interleaved Q4_K rows · four activation rows.
     fn dot_q4k_r8_x4(w: &[BlockQ4Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         xs.map(|x| Self::dot_q4k_r8(w, x))
+    }
+    /// Eight interleaved Q5_K rows · one activation row: row k's result is
+    /// `dot_q5k` of row k, bit for bit.
+    fn dot_q5k_r8(w: &[BlockQ5Kx8], x: ActRef) -> [f32; 8] {
+        Portable::dot_q5k_r8(w, x)
+    }
+    /// As `dot_q4k_r8_x2` for Q5_K.
+    fn dot_q5k_r8_x2(w: &[BlockQ5Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_q5k_r8(w, x))
+    }
+    /// As `dot_q4k_r8_x3` for Q5_K.
+    fn dot_q5k_r8_x3(w: &[BlockQ5Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_q5k_r8(w, x))
+    }
+    /// As `dot_q4k_r8_x4` for Q5_K.
+    fn dot_q5k_r8_x4(w: &[BlockQ5Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_q5k_r8(w, x))
     }
     /// Eight interleaved Q6_K rows · one activation row: row k's result is
     /// `dot_q6k` of row k, bit for bit.

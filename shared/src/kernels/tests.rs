@@ -720,7 +720,9 @@ fn int8_peak_counts_its_products() {
 #[test]
 #[ignore]
 fn bench_tiles() {
-    use crate::quant::{repack_q4_x8, repack_q4k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ6K};
+    use crate::quant::{
+        repack_q4_x8, repack_q4k_x8, repack_q5k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ5K, BlockQ6K,
+    };
     let mut rng = Rng(5);
     let peak = {
         let t = std::time::Instant::now();
@@ -744,6 +746,18 @@ fn bench_tiles() {
         let p4 = repack_q4_x8(&w4, nb, "bench").unwrap();
         let p8 = repack_q8_x8(&w8, nb, Arch::Q8_X8_BIAS, "bench").unwrap();
         let pk = repack_q4k_x8(&wk, nbs, "bench").unwrap();
+        let w5: Vec<BlockQ5K> = wk
+            .iter()
+            .enumerate()
+            .map(|(i, b)| BlockQ5K {
+                d: b.d,
+                dmin: b.dmin,
+                scales: b.scales,
+                qh: std::array::from_fn(|j| ((i * 23 + j * 19) % 256) as u8),
+                qs: b.qs,
+            })
+            .collect();
+        let p5 = repack_q5k_x8(&w5, nbs, "bench").unwrap();
         let w6: Vec<BlockQ6K> = (0..16 * nbs)
             .map(|i| BlockQ6K {
                 ql: std::array::from_fn(|j| ((i * 29 + j * 11) % 256) as u8),
@@ -779,6 +793,7 @@ fn bench_tiles() {
                 0 => Arch::tile_q4(&p4, nb, xs, o),
                 1 => Arch::tile_q8(&p8, nb, xs, o),
                 2 => Arch::tile_q4k(&pk, nbs, xs, o),
+                3 => Arch::tile_q5k(&p5, nbs, xs, o),
                 _ => Arch::tile_q6k(&p6, nbs, xs, o),
             }
             std::hint::black_box(&out);
@@ -788,7 +803,8 @@ fn bench_tiles() {
         time("tile_q4", n, &mut |xs| tile(0, xs));
         time("tile_q8", n, &mut |xs| tile(1, xs));
         time("tile_q4k", n, &mut |xs| tile(2, xs));
-        time("tile_q6k", n, &mut |xs| tile(3, xs));
+        time("tile_q5k", n, &mut |xs| tile(3, xs));
+        time("tile_q6k", n, &mut |xs| tile(4, xs));
         time("dot_q4_r8_x4", 4, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], four(xs)))[0][0]).sum()
         });
@@ -803,11 +819,14 @@ fn bench_tiles() {
         time("dot_q4k_r8", 1, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4k_r8(&pk[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
         });
+        time("dot_q5k_r8", 1, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_q5k_r8(&p5[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
+        });
         time("dot_q6k_r8", 1, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q6k_r8(&p6[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
         });
         time("tile_q4k one token", 1, &mut |xs| tile(2, xs));
-        time("tile_q6k one token", 1, &mut |xs| tile(3, xs));
+        time("tile_q6k one token", 1, &mut |xs| tile(4, xs));
         time("dot_q4_r8", 1, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8(&p4[g * nb..(g + 1) * nb], xs[0]))[0]).sum()
         });

@@ -271,15 +271,15 @@ fn kquant_dots_agree_with_the_dequantised_rows() {
     close(Arch::dot_q6k(&w6, xq.as_ref()), f64_dot(&row), "q6_k");
 }
 
-/// The eight-row K-quant kernels (`dot_q4k_r8`, `dot_q6k_r8` and their
-/// four-token forms, this build's and `Portable`'s) over repacked rows
+/// The eight-row K-quant kernels (`dot_q4k_r8`, `dot_q5k_r8`, `dot_q6k_r8`
+/// and their two- to four-token forms, this build's and `Portable`'s) over repacked rows
 /// against the single-row `Portable` dots, bit for bit: every row of two
 /// groups (three rows left over), one token and four, with contiguous
 /// scales and from plain blocks, odd super-block counts, random and
 /// extreme blocks and activations.
 #[test]
 fn kquant_eight_row_dots_equal_single_row_dots() {
-    use crate::quant::{repack_q4k_x8, repack_q6k_x8, ROWS8};
+    use crate::quant::{repack_q4k_x8, repack_q5k_x8, repack_q6k_x8, ROWS8};
     let mut rng = Rng(0x8_70_45);
     let bits8 = |v: [f32; 8]| v.map(f32::to_bits);
     for (nb, pattern, extreme) in
@@ -343,16 +343,41 @@ fn kquant_eight_row_dots_equal_single_row_dots() {
                 }
             }
         }
+        // Q5_K: the same forms, its own blocks
+        let w5 = q5k(&mut rng, rows * nb, pattern, extreme);
+        let p5 = repack_q5k_x8(&w5, nb, "test").unwrap();
+        assert_eq!(p5.len(), 2 * nb);
+        for g in 0..2 {
+            let q5 = &p5[g * nb..(g + 1) * nb];
+            let row = |k: usize| (g * ROWS8 + k) * nb..(g * ROWS8 + k + 1) * nb;
+            let (a5, b5) = (Arch::dot_q5k_r8_x4(q5, xs), Arch::dot_q5k_r8_x4(q5, plain));
+            for (t, (&x, &xp)) in xs.iter().zip(&plain).enumerate() {
+                let want5: [u32; 8] = std::array::from_fn(|k| Portable::dot_q5k(&w5[row(k)], x).to_bits());
+                assert_eq!(bits8(Portable::dot_q5k_r8(q5, x)), want5, "portable q5_k r8 {tag} g={g}");
+                assert_eq!(bits8(Arch::dot_q5k_r8(q5, x)), want5, "q5_k r8 {tag} g={g} t={t}");
+                assert_eq!(bits8(Arch::dot_q5k_r8(q5, xp)), want5, "q5_k r8 plain {tag} g={g} t={t}");
+                assert_eq!((bits8(a5[t]), bits8(b5[t])), (want5, want5), "q5_k r8 x4 {tag} g={g} t={t}");
+                // the two- and three-token forms, token t at position p, others beside it
+                for p in 0..2 {
+                    let x2 = std::array::from_fn(|i| if i == p { xs[t] } else { xs[(t + 1) % 4] });
+                    assert_eq!(bits8(Arch::dot_q5k_r8_x2(q5, x2)[p]), want5, "q5_k r8 x2 {tag} g={g} t={t} p={p}");
+                }
+                for p in 0..3 {
+                    let x3 = std::array::from_fn(|i| if i == p { plain[t] } else { xs[(t + i + 1) % 4] });
+                    assert_eq!(bits8(Arch::dot_q5k_r8_x3(q5, x3)[p]), want5, "q5_k r8 x3 {tag} g={g} t={t} p={p}");
+                }
+            }
+        }
     }
 }
 
-/// The K-quant prompt tile kernels (`tile_q4k`, `tile_q6k`: two interleaved
+/// The K-quant prompt tile kernels (`tile_q4k`, `tile_q5k`, `tile_q6k`: two interleaved
 /// groups · a run of tokens) against the single-row dots, bit for bit: every
 /// row, every run length up to the set's `TILE_TOKENS` (four for the
 /// default), random and extreme blocks and activations.
 #[test]
 fn kquant_prompt_tiles_equal_single_row_dots() {
-    use crate::quant::{repack_q4k_x8, repack_q6k_x8, ROWS8};
+    use crate::quant::{repack_q4k_x8, repack_q5k_x8, repack_q6k_x8, ROWS8};
     let mut rng = Rng(0x0071_174b);
     #[allow(clippy::absurd_extreme_comparisons)] // TILE_TOKENS is 0 in some sets
     let n_max = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
@@ -369,6 +394,9 @@ fn kquant_prompt_tiles_equal_single_row_dots() {
         };
         let want4 = want(&|r, x| Arch::dot_q4k(&w4[r * nb..(r + 1) * nb], x));
         let want6 = want(&|r, x| Arch::dot_q6k(&w6[r * nb..(r + 1) * nb], x));
+        let w5 = q5k(&mut rng, rows * nb, pattern, extreme);
+        let p5 = repack_q5k_x8(&w5, nb, "test").unwrap();
+        let want5 = want(&|r, x| Arch::dot_q5k(&w5[r * nb..(r + 1) * nb], x));
         for n in 1..=n_max {
             let xs: Vec<ActRef> = acts[..n].iter().map(|a| a.as_ref()).collect();
             let mut out = vec![[0.0f32; 16]; n];
@@ -385,6 +413,10 @@ fn kquant_prompt_tiles_equal_single_row_dots() {
             check("tile_q4k", &out, &want4);
             Portable::tile_q4k(&p4, nb, &xs, &mut out);
             check("portable tile_q4k", &out, &want4);
+            Arch::tile_q5k(&p5, nb, &xs, &mut out);
+            check("tile_q5k", &out, &want5);
+            Portable::tile_q5k(&p5, nb, &xs, &mut out);
+            check("portable tile_q5k", &out, &want5);
             Arch::tile_q6k(&p6, nb, &xs, &mut out);
             check("tile_q6k", &out, &want6);
             Portable::tile_q6k(&p6, nb, &xs, &mut out);
@@ -393,21 +425,28 @@ fn kquant_prompt_tiles_equal_single_row_dots() {
     }
 }
 
-/// A Q4_K and a Q6_K matrix give the same bits through `matmul` with and
+/// A Q4_K, a Q5_K and a Q6_K matrix give the same bits through `matmul` with and
 /// without the eight-row layout, for one token, a batch split by row tiles
 /// and one split by runs of tokens, on 1 to 3 threads.
 #[test]
 fn kquant_matmul_is_identical_with_and_without_repack() {
-    use crate::quant::{repack_q4k_x8, repack_q6k_x8};
+    use crate::quant::{repack_q4k_x8, repack_q5k_x8, repack_q6k_x8};
     let mut rng = Rng(0x6d61_746d);
     let (rows, cols) = (37, 3 * 256);
     let nb = cols / 256;
     let (w4, w6) = (q4k(&mut rng, rows * nb, 3, false), q6k(&mut rng, rows * nb, 3, false));
     let (p4, p6) = (repack_q4k_x8(&w4, nb, "test").unwrap(), repack_q6k_x8(&w6, nb, "test").unwrap());
+    let w5 = q5k(&mut rng, rows * nb, 3, false);
+    let p5 = repack_q5k_x8(&w5, nb, "test").unwrap();
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     for n_tok in [1, 2, 3, 9, 17, 33, 70] {
         let x = rng.vec(n_tok * cols);
-        for (data, packed) in [(WeightData::Q4K(&w4), Packed::Q4K(&p4)), (WeightData::Q6K(&w6), Packed::Q6K(&p6))] {
+        let kinds = [
+            (WeightData::Q4K(&w4), Packed::Q4K(&p4)),
+            (WeightData::Q5K(&w5), Packed::Q5K(&p5)),
+            (WeightData::Q6K(&w6), Packed::Q6K(&p6)),
+        ];
+        for (data, packed) in kinds {
             let m = MatRef { rows, cols, data, packed };
             let mut plain = vec![0.0; n_tok * rows];
             matmul(&MatRef { packed: Packed::None, ..m }, &Input::new(&x, cols), &mut plain);

@@ -1,8 +1,9 @@
-//! AVX2 eight-row K-quant dots: eight interleaved Q4_K or Q6_K rows
-//! (`quant::BlockQ4Kx8`, `BlockQ6Kx8`) against quantised activations, one
-//! token or four, one vector lane per row and no horizontal reduction, each
-//! row in `portable`'s float order bit for bit. Written once here
-//! (`q4k_rows8_n!`, `q6k_rows8_n!`) and shared with the AVX-512 VNNI
+//! AVX2 eight-row K-quant dots: eight interleaved Q4_K, Q5_K or Q6_K rows
+//! (`quant::BlockQ4Kx8`, `BlockQ5Kx8`, `BlockQ6Kx8`) against quantised
+//! activations, one to four tokens, one vector lane per row and no
+//! horizontal reduction, each row in `portable`'s float order bit for bit.
+//! Written once here (`kmin_rows8_n!` for Q4_K and Q5_K, `q6k_rows8_n!`)
+//! and shared with the AVX-512 VNNI
 //! build, which hands them `vpdpbusd` chains as the integer sums instead of
 //! `vpmaddubsw` + `vpmaddwd`.
 //!
@@ -19,6 +20,8 @@
 //!   (d_k·d_x)·S − (dmin_k·d_x)·M, every product rounded on its own, no FMA
 //!   (`portable::k_min_term`). The codes are nibbles: (c, g)'s load holds
 //!   sub-block 2c (low nibbles) and 2c + 1 (high), unpacked in registers.
+//! * Q5_K: as Q4_K, each code with its fifth bit from `qh` load g (bit j
+//!   of a byte for sub-block j, moved to bit 4: `fifth_bit`), codes ≤ 31.
 //! * Q6_K: the codes are bytes 0..63; per half h, Σ (q − 32)·q_x =
 //!   Σ q·q_x − 32·X_h, X_h the activations' sum over the half (computed
 //!   from the quants, `act_halves`); S = sc[k][2j]·(half 0) +
@@ -31,9 +34,12 @@
 //! unsigned, ≤ 15 (Q4_K) or ≤ 63 (Q6_K). AVX2's `vpmaddubsw` adds two u8 ×
 //! i8 products in an i16: ≤ 2·63·128 = 16128; two such pairs are added in
 //! i16 before `vpmaddwd` (≤ 32256 < 32767), so nothing saturates (Q4_K's
-//! are ≤ 2·15·128 = 3840, and all eight of a sub-block add to ≤ 30720);
+//! are ≤ 2·15·128 = 3840, and all eight of a sub-block add to ≤ 30720;
+//! Q5_K's ≤ 2·31·128 = 7936, four add to ≤ 31744, so a sub-block's two
+//! halves go through `vpmaddwd` apart: `q5k_scaled_sum`);
 //! `vpmaddwd` and `vpdpbusd` widen to i32 without loss. Sums: Q4_K
-//! |Σ q·q_x| ≤ 32·15·128, times sc ≤ 63: < 2^22; |M| ≤ 63·32·128 < 2^18;
+//! |Σ q·q_x| ≤ 32·15·128, times sc ≤ 63: < 2^22 (Q5_K: 32·31·128·63 <
+//! 2^24); |M| ≤ 63·32·128 < 2^18;
 //! Q6_K |Σ_16 q·q_x| ≤ 16·63·128 < 2^17, |32·X_h| ≤ 32·16·128 = 2^16,
 //! |Σ_16 (q − 32)·q_x| ≤ 16·32·128 = 2^16, times |sc| ≤ 128, two of them:
 //! ≤ 2^24. All i32 arithmetic is exact, and so is the f32 arithmetic on
@@ -46,37 +52,37 @@ use core::arch::x86_64::*;
 use super::int8::{bcast4, ld32, ld_rows};
 use crate::quant::BlockQ8Act;
 
-/// Q4_K eight interleaved rows · N activation rows (module doc).
+/// Q4_K or Q5_K eight interleaved rows · N activation rows (module doc).
 /// `$scale(&[u8; 8])` takes a sub-block's eight 6-bit scales into whatever
 /// form `$scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, &scale)` wants,
 /// which gives S = sc·Σ q·q_x per lane as f32 (exact: module doc).
-/// `$high(load)` takes a load's high nibbles (sub-block 2c + 1) into the
-/// form `$scaled_sum_high` wants: bytes 0..15 on AVX2 (`high_nibbles`,
-/// with `$scaled_sum` again), left in place as 16·q on AVX-512 VNNI, whose
-/// sum is then shifted back (one AND per load instead of a shift and an
-/// AND). A macro, so that all of it is inlined into the kernel.
-macro_rules! q4k_rows8_n {
-    ($n:tt, $w:expr, $xs:expr, $scale:expr, $scaled_sum:expr, $high:expr, $scaled_sum_high:expr $(,)?) => {{
+/// `$codes(blk, c)` gives the codes of sub-blocks 2c and 2c + 1 of a
+/// super-block, eight loads' worth each, in the forms `$scaled_sum` and
+/// `$scaled_sum_high` take: for Q4_K the low nibbles of `qs` part c and
+/// its high nibbles (bytes 0..15 on AVX2, `high_nibbles`, with
+/// `$scaled_sum` again; left in place as 16·q on AVX-512 VNNI, whose sum
+/// is then shifted back: one AND per load instead of a shift and an AND);
+/// for Q5_K each with its fifth bit (`q5k_codes_r8`). A macro, so that all
+/// of it is inlined into the kernel.
+macro_rules! kmin_rows8_n {
+    ($n:tt, $w:expr, $xs:expr, $scale:expr, $codes:expr, $scaled_sum:expr, $scaled_sum_high:expr $(,)?) => {{
         use core::arch::x86_64::*;
-        use $crate::kernels::x86_64::avx2::int8::{combine_rows, ld_rows, scales_f16};
+        use $crate::kernels::x86_64::avx2::int8::{combine_rows, scales_f16};
         use $crate::kernels::x86_64::avx2::kquant_rows8::{k_min_rows, lanes_u8_ps};
-        use $crate::quant::{ActRef, BlockQ4Kx8, BlockQ8Act};
-        let w: &[BlockQ4Kx8] = $w;
+        use $crate::quant::{ActRef, BlockQ8Act};
+        let w = $w;
         let xs: [ActRef; $n] = $xs;
         let mut same_len = true;
         for x in &xs {
             same_len &= x.len() == 8 * w.len();
         }
-        assert!(same_len, "eight-row Q4_K dot: {} super-blocks per row, activations differ", w.len());
-        let m4 = _mm256_set1_epi8(0x0f);
+        assert!(same_len, "eight-row K-quant dot: {} super-blocks per row, activations differ", w.len());
         let mut acc = [[_mm256_setzero_ps(); 8]; $n];
         for (s, blk) in w.iter().enumerate() {
             $crate::kernels::x86_64::avx2::kquant_rows8::prefetch_ahead(blk);
             let (d, dmin) = (scales_f16(&blk.d), scales_f16(&blk.dmin));
             let _ = unroll!(4, |c| {
-                let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
-                let lo = unroll!(8, |g| _mm256_and_si256(v[g], m4));
-                let hi = unroll!(8, |g| ($high)(v[g]));
+                let (lo, hi): ([__m256i; 8], [__m256i; 8]) = ($codes)(blk, c);
                 let (sc0, mn0) = (($scale)(&blk.scales[2 * c]), lanes_u8_ps(&blk.mins[2 * c]));
                 let (sc1, mn1) = (($scale)(&blk.scales[2 * c + 1]), lanes_u8_ps(&blk.mins[2 * c + 1]));
                 let _ = unroll!($n, |t| {
@@ -92,7 +98,7 @@ macro_rules! q4k_rows8_n {
     }};
 }
 #[allow(unused_imports)] // used by the AVX-512 VNNI build
-pub(crate) use q4k_rows8_n;
+pub(crate) use kmin_rows8_n;
 
 /// Q6_K eight interleaved rows · N activation rows (module doc), `$dot16`
 /// as for `q4k_rows8_n!`; `$codes6(ql, qh)` unpacks the codes of sub-blocks
@@ -151,20 +157,42 @@ pub(crate) use q6k_rows8_n;
 /// ~10 % over none at one thread; into L1 (`T0`) lost 25 %.
 pub(crate) const PREFETCH_AHEAD: usize = 12288;
 
-/// `q4k_rows8_n!` with AVX2's steps: the scale as i16 pairs, S by
-/// `q4k_scaled_sum` for both nibbles (the high ones shifted down).
+/// `kmin_rows8_n!` for Q4_K with AVX2's steps: the scale as i16 pairs, S
+/// by `q4k_scaled_sum` for both nibbles (the high ones shifted down).
 macro_rules! q4k_rows8_avx2 {
-    ($n:tt, $w:expr, $xs:expr) => {
-        q4k_rows8_n!(
+    ($n:tt, $w:expr, $xs:expr) => {{
+        let w: &[crate::quant::BlockQ4Kx8] = $w;
+        kmin_rows8_n!(
             $n,
-            $w,
+            w,
             $xs,
             |v| scale_pairs_u8(v),
+            |blk: &crate::quant::BlockQ4Kx8, c: usize| {
+                let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+                (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles(v[g])))
+            },
             |q, x, sc| q4k_scaled_sum(q, x, sc),
-            high_nibbles,
             |q, x, sc| q4k_scaled_sum(q, x, sc)
         )
-    };
+    }};
+}
+
+/// `kmin_rows8_n!` for Q5_K with AVX2's steps: the codes with their fifth
+/// bits (`q5k_codes_r8`), S by `q5k_scaled_sum` (sums split in two, since
+/// 5-bit codes would saturate the i16 of eight `vpmaddubsw`).
+macro_rules! q5k_rows8_avx2 {
+    ($n:tt, $w:expr, $xs:expr) => {{
+        let w: &[crate::quant::BlockQ5Kx8] = $w;
+        kmin_rows8_n!(
+            $n,
+            w,
+            $xs,
+            |v| scale_pairs_u8(v),
+            |blk, c| q5k_codes_r8(blk, c),
+            |q, x, sc| q5k_scaled_sum(q, x, sc),
+            |q, x, sc| q5k_scaled_sum(q, x, sc)
+        )
+    }};
 }
 
 isa_features!(
@@ -246,8 +274,60 @@ isa_features!(
         [lo, hi]
     }
 
-    /// A Q4_K load's high nibbles as bytes 0..15 (`q4k_rows8_n!`'s
-    /// `$high`; the AVX-512 VNNI build keeps them in place instead).
+    /// A Q4_K load's low nibbles as bytes 0..15.
+    #[inline]
+    pub(crate) fn low_nibbles(v: __m256i) -> __m256i {
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+    }
+
+    /// Bit j (0..8) of every byte of `h`, moved to bit 4 (16-bit shifts:
+    /// bit 4 of a byte comes from bit j of the same byte), the rest zero:
+    /// a Q5_K code's 16 from its `qh` byte.
+    #[inline]
+    pub(crate) fn fifth_bit(h: __m256i, j: usize) -> __m256i {
+        let at4 = match j {
+            0 => _mm256_slli_epi16::<4>(h),
+            1 => _mm256_slli_epi16::<3>(h),
+            2 => _mm256_slli_epi16::<2>(h),
+            3 => _mm256_slli_epi16::<1>(h),
+            4 => h,
+            5 => _mm256_srli_epi16::<1>(h),
+            6 => _mm256_srli_epi16::<2>(h),
+            _ => _mm256_srli_epi16::<3>(h),
+        };
+        _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
+    }
+
+    /// The 5-bit codes (bytes 0..31) of sub-blocks 2c and 2c + 1 of an
+    /// interleaved Q5_K super-block (`quant::BlockQ5Kx8`): the nibbles of
+    /// `qs` part c's loads g, each with bit 2c (low nibbles) or 2c + 1
+    /// (high) of `qh` load g as its bit 4.
+    #[inline]
+    pub(crate) fn q5k_codes_r8(blk: &crate::quant::BlockQ5Kx8, c: usize) -> ([__m256i; 8], [__m256i; 8]) {
+        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+        let h = unroll!(8, |g| ld_rows(&blk.qh, g));
+        let lo = unroll!(8, |g| _mm256_or_si256(low_nibbles(v[g]), fifth_bit(h[g], 2 * c)));
+        let hi = unroll!(8, |g| _mm256_or_si256(high_nibbles(v[g]), fifth_bit(h[g], 2 * c + 1)));
+        (lo, hi)
+    }
+
+    /// S = sc·Σ q·q_x per lane over a Q5_K sub-block (codes ≤ 31, `sc` from
+    /// `scale_pairs_u8`), as f32: the `vpmaddubsw` of groups 0..4 and of
+    /// 4..8 add in i16 apart (each at most 4·2·31·128 = 31744, no
+    /// saturation), each taken by `vpmaddwd` with the scale into i32 (|S| ≤
+    /// 63·32·31·128 < 2^24, exact, so the same float as sc·isum in f32).
+    #[inline]
+    pub(crate) fn q5k_scaled_sum(codes: &[__m256i; 8], x: &BlockQ8Act, sc: &__m256i) -> __m256 {
+        let half = |g0: usize| {
+            let p = unroll!(4, |i| _mm256_maddubs_epi16(codes[g0 + i], bcast4(x, g0 + i)));
+            let s16 = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+            _mm256_madd_epi16(s16, *sc)
+        };
+        _mm256_cvtepi32_ps(_mm256_add_epi32(half(0), half(4)))
+    }
+
+    /// A Q4_K load's high nibbles as bytes 0..15 (the AVX-512 VNNI build
+    /// keeps Q4_K's in place instead).
     #[inline]
     pub(crate) fn high_nibbles(v: __m256i) -> __m256i {
         _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f))
@@ -309,6 +389,31 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4k_r8_x4(w: &[crate::quant::BlockQ4Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
         q4k_rows8_avx2!(4, w, xs)
+    }
+
+    /// Eight interleaved Q5_K rows · one activation row: row k's result is
+    /// `dot_q5k` of row k, bit for bit.
+    #[inline]
+    pub(crate) fn dot_q5k_r8(w: &[crate::quant::BlockQ5Kx8], x: crate::quant::ActRef) -> [f32; 8] {
+        q5k_rows8_avx2!(1, w, [x])[0]
+    }
+
+    /// Eight interleaved Q5_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x2(w: &[crate::quant::BlockQ5Kx8], xs: [crate::quant::ActRef; 2]) -> [[f32; 8]; 2] {
+        q5k_rows8_avx2!(2, w, xs)
+    }
+
+    /// Eight interleaved Q5_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x3(w: &[crate::quant::BlockQ5Kx8], xs: [crate::quant::ActRef; 3]) -> [[f32; 8]; 3] {
+        q5k_rows8_avx2!(3, w, xs)
+    }
+
+    /// Eight interleaved Q5_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x4(w: &[crate::quant::BlockQ5Kx8], xs: [crate::quant::ActRef; 4]) -> [[f32; 8]; 4] {
+        q5k_rows8_avx2!(4, w, xs)
     }
 
     /// Eight interleaved Q6_K rows · one activation row: row k's result is

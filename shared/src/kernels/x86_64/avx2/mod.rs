@@ -6,8 +6,8 @@
 //! to the eight block sums, then one f32 multiply and add into the eight
 //! lanes (`sum_blocks8_n!`). Repacked weights (`quant::BlockQ8_0x8`,
 //! `BlockQ4_0x8`) go eight rows at a time, one row per lane, with no
-//! horizontal reduction (`rows8_n!`); so do repacked Q4_K / Q6_K matrices
-//! (`quant::BlockQ4Kx8`, `BlockQ6Kx8`; `kquant_rows8.rs`). The AVX-512 VNNI
+//! horizontal reduction (`rows8_n!`); so do repacked Q4_K / Q5_K / Q6_K
+//! matrices (`quant::BlockQ4Kx8`, `BlockQ5Kx8`, `BlockQ6Kx8`; `kquant_rows8.rs`). The AVX-512 VNNI
 //! build re-exports the f32 half.
 //!
 //! `float.rs` holds the f32 kernels, `int8.rs` the quantised dots,

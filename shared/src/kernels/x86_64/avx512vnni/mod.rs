@@ -7,7 +7,7 @@
 //! Q8 weights stored as w + 128 (unsigned), so `vpdpbusd` multiplies them by
 //! the broadcast activations directly, −128·Σq after. The K-quant dots are
 //! avx2/kquant.rs's (`kmin_dot_n!`, `q6k_dot_n!`) with `vpdpbusd` as the
-//! block dot, their eight-row forms avx2/kquant_rows8.rs's (`q4k_rows8_n!`,
+//! block dot, their eight-row forms avx2/kquant_rows8.rs's (`kmin_rows8_n!`,
 //! `q6k_rows8_n!`) with a chain of `vpdpbusd`. The f32 kernels are AVX2's.
 
 use core::arch::x86_64::*;
@@ -20,11 +20,11 @@ pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
-use super::avx2::kquant_rows8::{q4k_rows8_n, q6k_rows8_n};
+use super::avx2::kquant_rows8::{kmin_rows8_n, low_nibbles, q5k_codes_r8, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
-    ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ6K, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8,
-    Q4Block, Q8Block,
+    ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8Act,
+    BlockQ8_0x8, Q4Block, Q8Block,
 };
 
 /// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
@@ -157,6 +157,23 @@ isa_features!(
         _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
     }
 );
+
+/// `kmin_rows8_n!` for Q5_K: the codes with their fifth bits (avx2's
+/// `q5k_codes_r8`), their exact sums by `vpdpbusd` (`q4k_scaled_sum`:
+/// 5-bit codes go in as they are, |sc·Σ q·q_x| ≤ 63·32·31·128 < 2^24).
+macro_rules! q5k_rows8_vnni {
+    ($n:tt, $w:expr, $xs:expr) => {
+        kmin_rows8_n!(
+            $n,
+            $w,
+            $xs,
+            |v| lanes_u8_ps(v),
+            |blk, c| q5k_codes_r8(blk, c),
+            |q, x, sc| q4k_scaled_sum(q, x, sc),
+            |q, x, sc| q4k_scaled_sum(q, x, sc)
+        )
+    };
+}
 
 /// Bias of the quants in `BlockQ8_0x8` for these kernels: 0x80, each
 /// weight stored as w + 128 in an unsigned byte, so `vpdpbusd` takes it directly.
@@ -301,17 +318,26 @@ isa_features!(
         [lo, hi]
     }
 
+    /// The codes of sub-blocks 2c and 2c + 1 of an interleaved Q4_K
+    /// super-block: the low nibbles of `qs` part c's loads, and their high
+    /// nibbles in place (`high_nibbles_x16`).
+    #[inline]
+    fn q4k_codes_r8(blk: &BlockQ4Kx8, c: usize) -> ([__m256i; 8], [__m256i; 8]) {
+        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+        (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles_x16(v[g])))
+    }
+
     /// Eight interleaved Q4_K rows · one activation row: row k's result is
     /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
     #[inline]
     pub(crate) fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
-        q4k_rows8_n!(
+        kmin_rows8_n!(
             1,
             w,
             [x],
             |v| lanes_u8_ps(v),
+            |blk, c| q4k_codes_r8(blk, c),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
-            high_nibbles_x16,
             |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
         )[0]
     }
@@ -319,9 +345,40 @@ isa_features!(
     /// Eight interleaved Q4_K rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4k_r8_x3(w: &[BlockQ4Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        q4k_rows8_n!(3, w, xs, |v| lanes_u8_ps(v), |q, x, sc| q4k_scaled_sum(q, x, sc), high_nibbles_x16, |q, x, sc| {
-            q4k_scaled_sum_x16(q, x, sc)
-        })
+        kmin_rows8_n!(
+            3,
+            w,
+            xs,
+            |v| lanes_u8_ps(v),
+            |blk, c| q4k_codes_r8(blk, c),
+            |q, x, sc| q4k_scaled_sum(q, x, sc),
+            |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
+        )
+    }
+
+    /// Eight interleaved Q5_K rows · one activation row: row k's result is
+    /// `dot_q5k` of row k, bit for bit (`q5k_rows8_vnni!`).
+    #[inline]
+    pub(crate) fn dot_q5k_r8(w: &[BlockQ5Kx8], x: ActRef) -> [f32; 8] {
+        q5k_rows8_vnni!(1, w, [x])[0]
+    }
+
+    /// Eight interleaved Q5_K rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x2(w: &[BlockQ5Kx8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        q5k_rows8_vnni!(2, w, xs)
+    }
+
+    /// Eight interleaved Q5_K rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x3(w: &[BlockQ5Kx8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        q5k_rows8_vnni!(3, w, xs)
+    }
+
+    /// Eight interleaved Q5_K rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_q5k_r8_x4(w: &[BlockQ5Kx8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        q5k_rows8_vnni!(4, w, xs)
     }
 
     /// Eight interleaved Q6_K rows · one activation row (as `dot_q4k_r8`).

@@ -1,5 +1,5 @@
 //! Prompt tiles on AVX-512 VNNI (`Kernels::tile_q8`, `tile_q4`, `tile_q4k`,
-//! `tile_q6k`): sixteen
+//! `tile_q5k`, `tile_q6k`): sixteen
 //! rows, two interleaved groups side by side in one zmm (a lane per row),
 //! against up to eight tokens. Each block's weights are loaded (and for Q4
 //! unpacked) once for all the tokens, and each token's broadcast
@@ -18,7 +18,7 @@ use half::f16;
 
 use super::super::avx2::int8::ld_rows;
 use super::super::avx2::kquant_rows8::act_halves;
-use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
+use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
 
 /// The loop of `tile_q8` / `tile_q4` for `$n` tokens: `|b0, b1| weights`
 /// gives a block's eight weight vectors (groups 0 and 1 of block b, four
@@ -54,26 +54,25 @@ macro_rules! tile16_n {
     }};
 }
 
-/// Q4_K's loop for `$n` tokens (`tile_q4k`): as `tile16_n!`, sub-block j
-/// of each super-block into partial sum j (`portable::dot_q4k`'s order),
-/// lane k += (d_k·d_x)·(sc_k·isum) − (dmin_k·d_x)·(m_k·Σq_x), each product
-/// rounded, no FMA (`portable::k_min_term`; avx2/kquant_rows8.rs's
-/// `k_min_rows` for sixteen lanes). The codes of sub-block j are the low
-/// (j even) or high (j odd) nibbles of part j / 2.
-macro_rules! tile16_q4k_n {
-    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr) => {{
+/// Q4_K's and Q5_K's loop for `$n` tokens (`tile_q4k`, `tile_q5k`): as
+/// `tile16_n!`, sub-block j of each super-block into partial sum j
+/// (`portable::dot_q4k`'s order), lane k += (d_k·d_x)·(sc_k·isum) −
+/// (dmin_k·d_x)·(m_k·Σq_x), each product rounded, no FMA
+/// (`portable::k_min_term`; avx2/kquant_rows8.rs's `k_min_rows` for sixteen
+/// lanes). `$codes(b0, b1, j)` gives sub-block j's codes of both groups
+/// (`q4k_codes16`, `q5k_codes16`), unsigned bytes below 32, which
+/// `vpdpbusd` sums exactly.
+macro_rules! tile16_kmin_n {
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr, $codes:expr) => {{
         let (nb, xs, out) = ($nb, $xs, $out);
-        let (w0, w1): (&[BlockQ4Kx8], &[BlockQ4Kx8]) = (&$w[..nb], &$w[nb..2 * nb]);
+        let (w0, w1) = (&$w[..nb], &$w[nb..2 * nb]);
         let xs: [&[BlockQ8Act]; $n] = unroll!($n, |t| &xs[t].blocks()[..8 * nb]);
-        let m4 = _mm512_set1_epi8(0x0f);
         let mut part = [[_mm512_setzero_ps(); 8]; $n]; // [token][partial sum]
         for j in 0..8 {
-            let (c, shift) = (j / 2, _mm_cvtsi32_si128(4 * (j % 2) as i32));
             let mut acc = [_mm512_setzero_ps(); $n];
             for s in 0..nb {
                 let (b0, b1) = (&w0[s], &w1[s]);
-                let (q0, q1) = (&b0.qs[256 * c..256 * c + 256], &b1.qs[256 * c..256 * c + 256]);
-                let codes = unroll!(8, |g| _mm512_and_si512(_mm512_srl_epi16(ld_pair(q0, q1, g), shift), m4));
+                let codes: [__m512i; 8] = ($codes)(b0, b1, j);
                 let sc = _mm512_cvtepi32_ps(lanes16_u8(&b0.scales[j], &b1.scales[j]));
                 let mn = _mm512_cvtepi32_ps(lanes16_u8(&b0.mins[j], &b1.mins[j]));
                 let (d, dmin) = (scales16(&b0.d, &b1.d), scales16(&b0.dmin, &b1.dmin));
@@ -97,7 +96,7 @@ macro_rules! tile16_q4k_n {
     }};
 }
 
-/// Q6_K's loop for `$n` tokens (`tile_q6k`): as `tile16_q4k_n!`, sub-block
+/// Q6_K's loop for `$n` tokens (`tile_q6k`): as `tile16_kmin_n!`, sub-block
 /// j of each super-block into partial sum j (`portable::dot_q6k`'s order):
 /// per half h of the sub-block, Σ (q − 32)·q_x = Σ q·q_x − 32·X_h (X_h the
 /// activations' sum over the half, `act_halves`; the chain starts from
@@ -138,7 +137,7 @@ macro_rules! tile16_q6k_n {
     }};
 }
 
-/// `$loop!(n, args...)` (`tile16_n!` or `tile16_q4k_n!`) for the 1 to 8
+/// `$loop!(n, args...)` (`tile16_n!`, `tile16_kmin_n!` ...) for the 1 to 8
 /// tokens of `$xs`, one arm per count, after checking that `$w` holds the
 /// two groups (`$nb` blocks or super-blocks each) and `$out` a row per token.
 macro_rules! tile16 {
@@ -189,6 +188,36 @@ isa_features!(
     fn lanes16_i8(a: &[i8; 8], b: &[i8; 8]) -> __m512i {
         let (a, b) = (a.map(|v| v as u8), b.map(|v| v as u8));
         _mm512_cvtepi8_epi32(_mm_set_epi64x(i64::from_le_bytes(b), i64::from_le_bytes(a)))
+    }
+
+    /// Sub-block j's nibbles (bytes 0..15) of two interleaved Q4_K or Q5_K
+    /// super-blocks' `qs`, groups 0 and 1 side by side: nibble j % 2 of
+    /// part j / 2's loads.
+    #[inline]
+    fn nibbles16(qs0: &[u8; 1024], qs1: &[u8; 1024], j: usize) -> [__m512i; 8] {
+        let (c, shift) = (j / 2, _mm_cvtsi32_si128(4 * (j % 2) as i32));
+        let (q0, q1) = (&qs0[256 * c..256 * c + 256], &qs1[256 * c..256 * c + 256]);
+        let m4 = _mm512_set1_epi8(0x0f);
+        unroll!(8, |g| _mm512_and_si512(_mm512_srl_epi16(ld_pair(q0, q1, g), shift), m4))
+    }
+
+    /// Sub-block j's codes of two interleaved Q4_K super-blocks (`nibbles16`).
+    #[inline]
+    fn q4k_codes16(b0: &BlockQ4Kx8, b1: &BlockQ4Kx8, j: usize) -> [__m512i; 8] {
+        nibbles16(&b0.qs, &b1.qs, j)
+    }
+
+    /// Sub-block j's 5-bit codes of two interleaved Q5_K super-blocks
+    /// (`quant::BlockQ5Kx8`): `nibbles16`, with bit j of `qh` load g moved
+    /// to bit 4 (a 16-bit shift right by j brings each byte's bit j to its
+    /// bit 0, one left by 4 to bit 4; the rest masked off).
+    #[inline]
+    fn q5k_codes16(b0: &BlockQ5Kx8, b1: &BlockQ5Kx8, j: usize) -> [__m512i; 8] {
+        let (nib, shift, m10) = (nibbles16(&b0.qs, &b1.qs, j), _mm_cvtsi32_si128(j as i32), _mm512_set1_epi8(0x10));
+        unroll!(8, |g| {
+            let h = _mm512_slli_epi16::<4>(_mm512_srl_epi16(ld_pair(&b0.qh, &b1.qh, g), shift));
+            _mm512_or_si512(nib[g], _mm512_and_si512(h, m10))
+        })
     }
 
     /// The 6-bit codes (bytes 0..63) of sub-block j of two interleaved Q6_K
@@ -266,7 +295,12 @@ isa_features!(
 
     /// Two interleaved Q4_K groups (`nb` super-blocks each) · up to eight tokens.
     pub(crate) fn tile_q4k(w: &[BlockQ4Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        tile16!(tile16_q4k_n, w, nb, xs, out)
+        tile16!(tile16_kmin_n, w, nb, xs, out, |b0, b1, j| q4k_codes16(b0, b1, j))
+    }
+
+    /// Two interleaved Q5_K groups (`nb` super-blocks each) · up to eight tokens.
+    pub(crate) fn tile_q5k(w: &[BlockQ5Kx8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile16!(tile16_kmin_n, w, nb, xs, out, |b0, b1, j| q5k_codes16(b0, b1, j))
     }
 
     /// Two interleaved Q6_K groups (`nb` super-blocks each) · up to eight tokens.
