@@ -158,6 +158,18 @@ isa_features!(
     }
 );
 
+/// The codes of sub-blocks 2c and 2c + 1 of an interleaved Q4_K
+/// super-block: the low nibbles of `qs` part c's loads, and their high
+/// nibbles in place (`high_nibbles_x16`). A macro, so that the sixteen
+/// vectors stay in registers in the kernel that unpacks them.
+macro_rules! q4k_codes_r8 {
+    ($blk:expr, $c:expr) => {{
+        let (blk, c) = ($blk, $c);
+        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+        (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles_x16(v[g])))
+    }};
+}
+
 /// `kmin_rows8_n!` for Q5_K: the codes with their fifth bits (avx2's
 /// `q5k_codes_r8`), their exact sums by `vpdpbusd` (`q4k_scaled_sum`:
 /// 5-bit codes go in as they are, |sc·Σ q·q_x| ≤ 63·32·31·128 < 2^24).
@@ -318,15 +330,6 @@ isa_features!(
         [lo, hi]
     }
 
-    /// The codes of sub-blocks 2c and 2c + 1 of an interleaved Q4_K
-    /// super-block: the low nibbles of `qs` part c's loads, and their high
-    /// nibbles in place (`high_nibbles_x16`).
-    #[inline]
-    fn q4k_codes_r8(blk: &BlockQ4Kx8, c: usize) -> ([__m256i; 8], [__m256i; 8]) {
-        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
-        (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles_x16(v[g])))
-    }
-
     /// Eight interleaved Q4_K rows · one activation row: row k's result is
     /// `dot_q4k` of row k, bit for bit (avx2/kquant_rows8.rs).
     #[inline]
@@ -336,7 +339,7 @@ isa_features!(
             w,
             [x],
             |v| lanes_u8_ps(v),
-            |blk, c| q4k_codes_r8(blk, c),
+            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
             |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
         )[0]
@@ -350,7 +353,7 @@ isa_features!(
             w,
             xs,
             |v| lanes_u8_ps(v),
-            |blk, c| q4k_codes_r8(blk, c),
+            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
             |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
         )
