@@ -1,5 +1,8 @@
 //! AArch64 K-quant dots (`dot_q4k`, `dot_q5k`, `dot_q6k`: one Q4_K / Q5_K /
-//! Q6_K weight row · one row of Q8 activation blocks), written once for the
+//! Q6_K weight row · one row of Q8 activation blocks, and their four-row
+//! forms `dot_q4k_x4` ..., which unpack each super-block's codes once for
+//! the four rows: a prompt reads each weight row once per four tokens),
+//! written once for the
 //! AArch64 builds and generic over the 16-byte i8 · i8 dot `dot16(acc, a, b)`
 //! (acc + the 16 products a[k]·b[k] summed into four i32 lanes): NEON's
 //! `smull` + `sadalp` (`neon::imp::dot16`) or dotprod's `sdot`
@@ -107,75 +110,81 @@ isa_features!(
     }
 
     /// Σ over super-blocks of the Q4_K / Q5_K terms in `portable`'s order
-    /// (module doc): `head(s)` is super-block s's (d bits, dmin bits, packed
-    /// scales and mins), `codes(s)` its eight sub-blocks' codes (0..=31) as
-    /// signed bytes in two 16-byte halves.
+    /// (module doc), for N activation rows at once: `head(s)` is
+    /// super-block s's (d bits, dmin bits, packed scales and mins),
+    /// `codes(s)` its eight sub-blocks' codes (0..=31) as signed bytes in
+    /// two 16-byte halves, unpacked once for all N rows; each row's sums and
+    /// float steps are the one-row form's, so row t's result is the same
+    /// bits as with N = 1.
     #[inline]
-    fn kmin_dot(
+    fn kmin_dot_n<const N: usize>(
         w_len: usize,
-        x: ActRef,
+        xs: [ActRef; N],
         head: impl Fn(usize) -> (u16, u16, [u8; 12]),
         codes: impl Fn(usize) -> [[int8x16_t; 2]; 8],
         dot16: impl Fn(int32x4_t, int8x16_t, int8x16_t) -> int32x4_t,
-    ) -> f32 {
-        debug_assert_eq!(w_len * 8, x.len());
-        let xb = x.blocks();
+    ) -> [f32; N] {
+        debug_assert!(xs.iter().all(|x| w_len * 8 == x.len()));
         let zero = vdupq_n_s32(0);
-        let mut acc = [vdupq_n_f32(0.0); 2];
+        let mut acc = [[vdupq_n_f32(0.0); 2]; N];
         for s in 0..w_len {
             let i = 8 * s;
             let (d, dmin, packed) = head(s);
             let c = codes(s);
-            // sub-block j · activation block i + j, four i32 lanes each (exact)
-            let p: [int32x4_t; 8] = unroll!(8, |j| {
-                let xq = q8_halves(&xb[i + j].qs);
-                dot16(dot16(zero, c[j][0], xq[0]), c[j][1], xq[1])
-            });
-            let isum = [reduce4([p[0], p[1], p[2], p[3]]), reduce4([p[4], p[5], p[6], p[7]])];
             let (sc, mn) = scales_mins_k4(&packed);
             let (sc, mn) = (widen8(sc), widen8(mn));
-            let sumx = act_sum8(x, i);
-            let dx = act_d8(x, i);
             let (d, dmin) = (vdupq_n_f32(f16_bits_to_f32(d)), vdupq_n_f32(f16_bits_to_f32(dmin)));
-            for h in 0..2 {
-                let s_int = vmulq_s32(sc[h], isum[h]); // S = sc·Σ q·q_x, exact
-                let m_int = vmulq_s32(mn[h], sumx[h]); // M = m·Σ q_x, exact
-                let a = vmulq_f32(vmulq_f32(d, dx[h]), vcvtq_f32_s32(s_int)); // (d·d_x)·S
-                let b = vmulq_f32(vmulq_f32(dmin, dx[h]), vcvtq_f32_s32(m_int)); // (dmin·d_x)·M
-                acc[h] = vaddq_f32(acc[h], vsubq_f32(a, b));
+            for (x, acc) in xs.iter().zip(acc.iter_mut()) {
+                let xb = x.blocks();
+                // sub-block j · activation block i + j, four i32 lanes each (exact)
+                let p: [int32x4_t; 8] = unroll!(8, |j| {
+                    let xq = q8_halves(&xb[i + j].qs);
+                    dot16(dot16(zero, c[j][0], xq[0]), c[j][1], xq[1])
+                });
+                let isum = [reduce4([p[0], p[1], p[2], p[3]]), reduce4([p[4], p[5], p[6], p[7]])];
+                let sumx = act_sum8(*x, i);
+                let dx = act_d8(*x, i);
+                for h in 0..2 {
+                    let s_int = vmulq_s32(sc[h], isum[h]); // S = sc·Σ q·q_x, exact
+                    let m_int = vmulq_s32(mn[h], sumx[h]); // M = m·Σ q_x, exact
+                    let a = vmulq_f32(vmulq_f32(d, dx[h]), vcvtq_f32_s32(s_int)); // (d·d_x)·S
+                    let b = vmulq_f32(vmulq_f32(dmin, dx[h]), vcvtq_f32_s32(m_int)); // (dmin·d_x)·M
+                    acc[h] = vaddq_f32(acc[h], vsubq_f32(a, b));
+                }
             }
         }
-        hsum8(acc[0], acc[1])
+        acc.map(|a| hsum8(a[0], a[1]))
     }
 
-    /// Q4_K weights · Q8 activations (`portable::dot_q4k`, bit for bit), the
-    /// 16-byte products summed by `dot16`.
+    /// Q4_K weights · N rows of Q8 activations (`portable::dot_q4k` of
+    /// each, bit for bit), the 16-byte products summed by `dot16`.
     #[inline]
-    pub(crate) fn dot_q4k_with(
+    pub(crate) fn dot_q4k_with<const N: usize>(
         w: &[BlockQ4K],
-        x: ActRef,
+        xs: [ActRef; N],
         dot16: impl Fn(int32x4_t, int8x16_t, int8x16_t) -> int32x4_t,
-    ) -> f32 {
-        kmin_dot(
+    ) -> [f32; N] {
+        kmin_dot_n(
             w.len(),
-            x,
+            xs,
             |s| (w[s].d.to_bits(), w[s].dmin.to_bits(), w[s].scales),
             |s| nibbles_k4(&w[s].qs).map(|c| c.map(|v| vreinterpretq_s8_u8(v))),
             dot16,
         )
     }
 
-    /// Q5_K weights · Q8 activations (`portable::dot_q5k`, bit for bit): the
-    /// Q4_K nibbles with bit j of `qh[l]` as bit 4 of sub-block j's code l.
+    /// Q5_K weights · N rows of Q8 activations (`portable::dot_q5k` of
+    /// each, bit for bit): the Q4_K nibbles with bit j of `qh[l]` as bit 4
+    /// of sub-block j's code l.
     #[inline]
-    pub(crate) fn dot_q5k_with(
+    pub(crate) fn dot_q5k_with<const N: usize>(
         w: &[BlockQ5K],
-        x: ActRef,
+        xs: [ActRef; N],
         dot16: impl Fn(int32x4_t, int8x16_t, int8x16_t) -> int32x4_t,
-    ) -> f32 {
-        kmin_dot(
+    ) -> [f32; N] {
+        kmin_dot_n(
             w.len(),
-            x,
+            xs,
             |s| (w[s].d.to_bits(), w[s].dmin.to_bits(), w[s].scales),
             |s| {
                 let mut c = nibbles_k4(&w[s].qs);
@@ -194,33 +203,30 @@ isa_features!(
         )
     }
 
-    /// Q6_K weights · Q8 activations (`portable::dot_q6k`, bit for bit), the
-    /// 16-byte products summed by `dot16`. Activation block j = 4h + r of a
-    /// super-block holds elements 128h + 32r + l (`quant::q6k_code`): the low
-    /// (r < 2) or high nibble of `ql[64h + 32(r mod 2) + l]` and bits 2r, 2r+1
-    /// of `qh[32h + l]`.
+    /// Q6_K weights · N rows of Q8 activations (`portable::dot_q6k` of
+    /// each, bit for bit), the 16-byte products summed by `dot16`; each
+    /// super-block's codes unpacked once for all N rows. Activation block
+    /// j = 4h + r of a super-block holds elements 128h + 32r + l
+    /// (`quant::q6k_code`): the low (r < 2) or high nibble of `ql[64h +
+    /// 32(r mod 2) + l]` and bits 2r, 2r+1 of `qh[32h + l]`.
     #[inline]
-    pub(crate) fn dot_q6k_with(
+    pub(crate) fn dot_q6k_with<const N: usize>(
         w: &[BlockQ6K],
-        x: ActRef,
+        xs: [ActRef; N],
         dot16: impl Fn(int32x4_t, int8x16_t, int8x16_t) -> int32x4_t,
-    ) -> f32 {
-        debug_assert_eq!(w.len() * 8, x.len());
-        let xb = x.blocks();
+    ) -> [f32; N] {
+        debug_assert!(xs.iter().all(|x| w.len() * 8 == x.len()));
         let zero = vdupq_n_s32(0);
         let (m4, m30, off) = (vdupq_n_u8(0x0f), vdupq_n_u8(0x30), vdupq_n_s8(32));
-        let mut acc = [vdupq_n_f32(0.0); 2];
+        let mut acc = [[vdupq_n_f32(0.0); 2]; N];
         for (s, b) in w.iter().enumerate() {
             let i = 8 * s;
-            // p[2j + k]: half k (elements 16k..16k+16) of block j · the same
-            // half of activation block i + j, four i32 lanes (exact)
-            let mut p = [zero; 16];
+            // q[j][k]: half k (elements 16k..16k+16) of block j's codes − 32
+            let mut q = [[vdupq_n_s8(0); 2]; 8];
             for h in 0..2 {
                 let lo = [ld32(&b.ql[64 * h..64 * h + 32]), ld32(&b.ql[64 * h + 32..64 * h + 64])];
                 let hi = ld32(&b.qh[32 * h..32 * h + 32]);
                 for r in 0..4 {
-                    let j = 4 * h + r;
-                    let xq = q8_halves(&xb[i + j].qs);
                     for k in 0..2 {
                         let nib = if r < 2 { vandq_u8(lo[r][k], m4) } else { vshrq_n_u8::<4>(lo[r - 2][k]) };
                         // bits 2r, 2r+1 of qh moved to bits 4, 5
@@ -233,28 +239,39 @@ isa_features!(
                             },
                             m30,
                         );
-                        let q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib, top)), off); // code − 32
-                        p[2 * j + k] = dot16(zero, q, xq[k]);
+                        q[4 * h + r][k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib, top)), off);
                     }
                 }
             }
-            // the 16 half sums in order [b0h0, b0h1, b1h0, b1h1], [b2h0, ...], ...,
-            // which is also the order of the 16 scales
-            let t: [int32x4_t; 4] = unroll!(4, |u| reduce4([p[4 * u], p[4 * u + 1], p[4 * u + 2], p[4 * u + 3]]));
             // SAFETY: `b.scales` is 16 readable i8; `ld1` of bytes needs no alignment.
             let sc = unsafe { vld1q_s8(b.scales.as_ptr()) };
             let (sl, sh) = (vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc));
             let sc4 =
                 [vmovl_s16(vget_low_s16(sl)), vmovl_high_s16(sl), vmovl_s16(vget_low_s16(sh)), vmovl_high_s16(sh)];
-            let st: [int32x4_t; 4] = unroll!(4, |u| vmulq_s32(sc4[u], t[u]));
-            // S_j = sc[2j]·Σ half 0 + sc[2j+1]·Σ half 1 (exact), blocks 0..4 and 4..8
-            let isum = [vpaddq_s32(st[0], st[1]), vpaddq_s32(st[2], st[3])];
-            let dx = act_d8(x, i);
             let d = vdupq_n_f32(f16_bits_to_f32(b.d.to_bits()));
-            for h in 0..2 {
-                acc[h] = vaddq_f32(acc[h], vmulq_f32(vmulq_f32(d, dx[h]), vcvtq_f32_s32(isum[h])));
+            for (x, acc) in xs.iter().zip(acc.iter_mut()) {
+                let xb = x.blocks();
+                // p[2j + k]: half k of block j · the same half of activation
+                // block i + j, four i32 lanes (exact)
+                let mut p = [zero; 16];
+                for j in 0..8 {
+                    let xq = q8_halves(&xb[i + j].qs);
+                    for k in 0..2 {
+                        p[2 * j + k] = dot16(zero, q[j][k], xq[k]);
+                    }
+                }
+                // the 16 half sums in order [b0h0, b0h1, b1h0, b1h1], [b2h0, ...], ...,
+                // which is also the order of the 16 scales
+                let t: [int32x4_t; 4] = unroll!(4, |u| reduce4([p[4 * u], p[4 * u + 1], p[4 * u + 2], p[4 * u + 3]]));
+                let st: [int32x4_t; 4] = unroll!(4, |u| vmulq_s32(sc4[u], t[u]));
+                // S_j = sc[2j]·Σ half 0 + sc[2j+1]·Σ half 1 (exact), blocks 0..4 and 4..8
+                let isum = [vpaddq_s32(st[0], st[1]), vpaddq_s32(st[2], st[3])];
+                let dx = act_d8(*x, i);
+                for h in 0..2 {
+                    acc[h] = vaddq_f32(acc[h], vmulq_f32(vmulq_f32(d, dx[h]), vcvtq_f32_s32(isum[h])));
+                }
             }
         }
-        hsum8(acc[0], acc[1])
+        acc.map(|a| hsum8(a[0], a[1]))
     }
 );

@@ -29,7 +29,7 @@ pub struct Neon;
 impl Kernels for Neon {
     entry_points!(imp: f32_ops);
     entry_points!(imp: int8_dots, dot_mxfp4);
-    entry_points!(imp: kquant_dots);
+    entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
 pub mod imp {
@@ -316,19 +316,40 @@ pub mod imp {
         /// Q4_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-            dot_q4k_with(w, x, |acc, a, b| dot16(acc, a, b))
+            dot_q4k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
         }
 
         /// Q5_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-            dot_q5k_with(w, x, |acc, a, b| dot16(acc, a, b))
+            dot_q5k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
         }
 
         /// Q6_K weights · Q8 activations (`kquant`, the products with `dot16`).
         #[inline]
         pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-            dot_q6k_with(w, x, |acc, a, b| dot16(acc, a, b))
+            dot_q6k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
+        }
+
+        /// `dot_q4k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q4k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q4k_with(w, xs, |acc, a, b| dot16(acc, a, b))
+        }
+
+        /// `dot_q5k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q5k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q5k_with(w, xs, |acc, a, b| dot16(acc, a, b))
+        }
+
+        /// `dot_q6k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q6k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q6k_with(w, xs, |acc, a, b| dot16(acc, a, b))
         }
 
         /// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)) of lanes 0..4 in

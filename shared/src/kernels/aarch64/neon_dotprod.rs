@@ -18,7 +18,7 @@ pub struct NeonDotprod;
 impl Kernels for NeonDotprod {
     entry_points!(neon_imp: f32_ops);
     entry_points!(imp: int8_dots, dot_mxfp4);
-    entry_points!(imp: kquant_dots);
+    entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
 pub mod imp {
@@ -82,19 +82,40 @@ pub mod imp {
         /// Q4_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-            dot_q4k_with(w, x, |acc, a, b| sdot(acc, a, b))
+            dot_q4k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
         }
 
         /// Q5_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-            dot_q5k_with(w, x, |acc, a, b| sdot(acc, a, b))
+            dot_q5k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
         }
 
         /// Q6_K weights · Q8 activations (`kquant`, the products with `sdot`).
         #[inline]
         pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-            dot_q6k_with(w, x, |acc, a, b| sdot(acc, a, b))
+            dot_q6k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
+        }
+
+        /// `dot_q4k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q4k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q4k_with(w, xs, |acc, a, b| sdot(acc, a, b))
+        }
+
+        /// `dot_q5k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q5k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q5k_with(w, xs, |acc, a, b| sdot(acc, a, b))
+        }
+
+        /// `dot_q6k` of one weight row with four activation rows, the codes
+        /// unpacked once per super-block (each result `dot_q6k`'s bits).
+        #[inline]
+        pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q6k_with(w, xs, |acc, a, b| sdot(acc, a, b))
         }
     );
 
