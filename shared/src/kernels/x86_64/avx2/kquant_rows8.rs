@@ -101,7 +101,7 @@ macro_rules! kmin_rows8_n {
 pub(crate) use kmin_rows8_n;
 
 /// Q6_K eight interleaved rows · N activation rows (module doc), `$dot16`
-/// as for `q4k_rows8_n!`; `$codes6(ql, qh)` unpacks the codes of sub-blocks
+/// as for `kmin_rows8_n!`; `$codes6(ql, qh)` unpacks the codes of sub-blocks
 /// 2c and 2c + 1 from their 256 low-bit and 128 high-bit bytes
 /// (`quant::BlockQ6Kx8`) into bytes 0..63, eight 32-byte groups each.
 macro_rules! q6k_rows8_n {

@@ -3,13 +3,13 @@
 //! token a, lanes 8..16 the same rows for token b. The codes are loaded once
 //! into both halves (`vbroadcasti64x4`), each group's four activation bytes
 //! of a and of b fill one half each, so one `vpdpbusd` on zmm does what two
-//! on ymm did in avx2/kquant_rows8.rs's `q4k_rows8_n!`, and so does each
+//! on ymm did in avx2/kquant_rows8.rs's `kmin_rows8_n!`, and so does each
 //! float step. A short batch (the server's decode steps, a speculative
 //! verification) gains less than that suggests (in cache 74–85 against
 //! 70–79 GMAC/s; docs/PERFORMANCE.md, "Four streams against one"): the
 //! float step per 32 weights and its operands' set-up stay the larger part.
 //!
-//! Every lane runs `q4k_rows8_n!`'s steps for its row and token, in the same
+//! Every lane runs `kmin_rows8_n!`'s steps for its row and token, in the same
 //! order: the exact i32 sum of a sub-block (integer, so its order is free),
 //! then k = (d·d_x)·(sc·S) − (dmin·d_x)·(m·Σq_x) added into partial sum j,
 //! each product rounded, no FMA; the partial sums are then combined in
