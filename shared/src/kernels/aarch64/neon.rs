@@ -28,7 +28,7 @@ pub struct Neon;
 
 impl Kernels for Neon {
     entry_points!(imp: f32_ops);
-    entry_points!(imp: int8_dots, dot_mxfp4);
+    entry_points!(imp: int8_dots, int8_dots_x4, dot_mxfp4);
     entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
@@ -206,66 +206,92 @@ pub mod imp {
             mut isums8: impl FnMut(usize) -> [int32x4_t; 2],
             mut one: impl FnMut(usize) -> i32,
         ) -> f32 {
-            let mut acc = [vdupq_n_f32(0.0); 2];
+            sum_blocks_n(n, [x], f16, bits, |i| [isums8(i)], |b| [one(b)])[0]
+        }
+
+        /// `sum_blocks` for N activation rows at once: `isums8(i)` and
+        /// `one(b)` give each row's integer sums (so that a caller can load
+        /// each weight block once for all N rows); row t's result is
+        /// `sum_blocks`'s for row t alone, the same operations.
+        #[inline]
+        pub(crate) fn sum_blocks_n<const N: usize>(
+            n: usize,
+            xs: [ActRef; N],
+            f16: bool,
+            bits: impl Fn(usize) -> u32,
+            mut isums8: impl FnMut(usize) -> [[int32x4_t; 2]; N],
+            mut one: impl FnMut(usize) -> [i32; N],
+        ) -> [f32; N] {
+            let mut acc = [[vdupq_n_f32(0.0); 2]; N];
             let mut i = 0;
             while i + 8 <= n {
                 let s = isums8(i);
                 let dw = scales8(f16, |j| bits(i + j));
-                let dx = act_scales8(x, i);
-                for h in 0..2 {
-                    let d = vmulq_f32(dw[h], dx[h]);
-                    acc[h] = vaddq_f32(acc[h], vmulq_f32(d, vcvtq_f32_s32(s[h])));
+                for ((acc, x), s) in acc.iter_mut().zip(&xs).zip(&s) {
+                    let dx = act_scales8(*x, i);
+                    for h in 0..2 {
+                        let d = vmulq_f32(dw[h], dx[h]);
+                        acc[h] = vaddq_f32(acc[h], vmulq_f32(d, vcvtq_f32_s32(s[h])));
+                    }
                 }
                 i += 8;
             }
-            let mut lanes = [0.0f32; 8];
-            st(&mut lanes[..4], acc[0]);
-            st(&mut lanes[4..], acc[1]);
+            let mut lanes = [[0.0f32; 8]; N];
+            for (l, a) in lanes.iter_mut().zip(&acc) {
+                st(&mut l[..4], a[0]);
+                st(&mut l[4..], a[1]);
+            }
             for b in i..n {
                 let isum = one(b);
-                lanes[b % 8] += (scale_of(f16, bits(b)) * x.blocks()[b].d) * isum as f32;
+                for ((l, x), &v) in lanes.iter_mut().zip(&xs).zip(&isum) {
+                    l[b % 8] += (scale_of(f16, bits(b)) * x.blocks()[b].d) * v as f32;
+                }
             }
-            combine8(lanes)
+            lanes.map(combine8)
         }
 
-        /// Σ_b (d_w·d_x)·(Σ w·x) over `n` blocks (`sum_blocks`), `wq(b)` giving
-        /// weight block b as signed bytes (two 16-byte halves) and `blk(w, x)`
-        /// one block's products summed in four i32 lanes.
+        /// Σ_b (d_w·d_x)·(Σ w·x) over `n` blocks for N activation rows
+        /// (`sum_blocks_n`), `wq(b)` giving weight block b as signed bytes
+        /// (two 16-byte halves, made once for the N rows) and `blk(w, x)` one
+        /// block's products summed in four i32 lanes.
         #[inline]
-        fn dot_blocks(
+        fn dot_blocks<const N: usize>(
             n: usize,
-            x: ActRef,
+            xs: [ActRef; N],
             f16: bool,
             bits: impl Fn(usize) -> u32,
             wq: impl Fn(usize) -> [int8x16_t; 2],
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
-        ) -> f32 {
-            let xb = x.blocks();
-            let one = |b: usize| blk(wq(b), q8_halves(&xb[b].qs));
-            sum_blocks(
+        ) -> [f32; N] {
+            let xb = xs.map(|x| x.blocks());
+            sum_blocks_n(
                 n,
-                x,
+                xs,
                 f16,
                 bits,
                 |i| {
-                    [
-                        reduce4([one(i), one(i + 1), one(i + 2), one(i + 3)]),
-                        reduce4([one(i + 4), one(i + 5), one(i + 6), one(i + 7)]),
-                    ]
+                    let w: [[int8x16_t; 2]; 8] = unroll!(8, |j| wq(i + j));
+                    xb.map(|xb| {
+                        let one = |j: usize| blk(w[j], q8_halves(&xb[i + j].qs));
+                        [reduce4([one(0), one(1), one(2), one(3)]), reduce4([one(4), one(5), one(6), one(7)])]
+                    })
                 },
-                |b| vaddvq_s32(one(b)),
+                |b| {
+                    let w = wq(b);
+                    xb.map(|xb| vaddvq_s32(blk(w, q8_halves(&xb[b].qs))))
+                },
             )
         }
 
         /// `dot_q8` with `blk(w, x)` giving one block's products summed in four i32 lanes.
         #[inline]
-        pub(crate) fn dot_q8_with<B: Q8Block>(
+        pub(crate) fn dot_q8_with<B: Q8Block, const N: usize>(
             w: &[B],
-            x: ActRef,
+            xs: [ActRef; N],
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
-        ) -> f32 {
-            let n = w.len().min(x.len());
-            dot_blocks(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b| q8_halves(w[b].quants()), blk)
+        ) -> [f32; N] {
+            let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+            dot_blocks(n, xs, B::F16_SCALE, |b| w[b].scale_bits(), |b| q8_halves(w[b].quants()), blk)
         }
 
         /// `dot_mxfp4` with `blk(w, x)` as in `dot_q8_with` (weights as their
@@ -277,7 +303,7 @@ pub mod imp {
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
         ) -> f32 {
             let n = w.len().min(x.len());
-            dot_blocks(n, x, false, |b| e8m0_half_bits(w[b].e), |b| mxfp4_halves(&w[b]), blk)
+            dot_blocks(n, [x], false, |b| e8m0_half_bits(w[b].e), |b| mxfp4_halves(&w[b]), blk)[0]
         }
 
         /// MXFP4 weights · Q8 activations: the values looked up into int8, then as `dot_q8`.
@@ -289,13 +315,13 @@ pub mod imp {
 
         /// `dot_q4` with `blk(w, x)` as in `dot_q8_with` (weights as `nibble − 8`).
         #[inline]
-        pub(crate) fn dot_q4_with<B: Q4Block>(
+        pub(crate) fn dot_q4_with<B: Q4Block, const N: usize>(
             w: &[B],
-            x: ActRef,
+            xs: [ActRef; N],
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
-        ) -> f32 {
-            let n = w.len().min(x.len());
-            dot_blocks(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b| q4_halves(w[b].nibbles()), blk)
+        ) -> [f32; N] {
+            let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+            dot_blocks(n, xs, B::F16_SCALE, |b| w[b].scale_bits(), |b| q4_halves(w[b].nibbles()), blk)
         }
 
         /// Q8 weights · Q8 activations: exact per-block integer sums (`smull` +
@@ -303,14 +329,28 @@ pub mod imp {
         #[inline]
         pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
-            dot_q8_with(w, x, |a, b| dot32(a, b))
+            dot_q8_with(w, [x], |a, b| dot32(a, b))[0]
         }
 
         /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block (exact), scaled as `dot_q8`.
         #[inline]
         pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
-            dot_q4_with(w, x, |a, b| dot32(a, b))
+            dot_q4_with(w, [x], |a, b| dot32(a, b))[0]
+        }
+
+        /// `dot_q8` of one weight row with four activation rows, each weight
+        /// block loaded once (each result `dot_q8`'s bits).
+        #[inline]
+        pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q8_with(w, xs, |a, b| dot32(a, b))
+        }
+
+        /// `dot_q4` of one weight row with four activation rows, each weight
+        /// block unpacked once (each result `dot_q4`'s bits).
+        #[inline]
+        pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q4_with(w, xs, |a, b| dot32(a, b))
         }
 
         /// Q4_K weights · Q8 activations (`kquant`, the products with `dot16`).

@@ -17,7 +17,7 @@ pub struct NeonDotprod;
 
 impl Kernels for NeonDotprod {
     entry_points!(neon_imp: f32_ops);
-    entry_points!(imp: int8_dots, dot_mxfp4);
+    entry_points!(imp: int8_dots, int8_dots_x4, dot_mxfp4);
     entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
@@ -60,14 +60,30 @@ pub mod imp {
         #[inline]
         pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
-            dot_q8_with(w, x, |a, b| dot32(a, b))
+            dot_q8_with(w, [x], |a, b| dot32(a, b))[0]
         }
 
         /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block with `sdot` (exact), scaled as `dot_q8`.
         #[inline]
         pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
-            dot_q4_with(w, x, |a, b| dot32(a, b))
+            dot_q4_with(w, [x], |a, b| dot32(a, b))[0]
+        }
+
+        /// `dot_q8` of one weight row with four activation rows, each weight
+        /// block loaded once (each result `dot_q8`'s bits). The i8mm and SVE
+        /// builds use it too.
+        #[inline]
+        pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q8_with(w, xs, |a, b| dot32(a, b))
+        }
+
+        /// `dot_q4` of one weight row with four activation rows, each weight
+        /// block unpacked once (each result `dot_q4`'s bits). The i8mm and
+        /// SVE builds use it too.
+        #[inline]
+        pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+            dot_q4_with(w, xs, |a, b| dot32(a, b))
         }
 
         /// MXFP4 weights · Q8 activations: the values looked up into int8
