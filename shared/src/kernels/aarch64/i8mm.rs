@@ -5,7 +5,7 @@
 //! of each block's weights as the rows [A | B] and the matching eight bytes
 //! of their activations as the columns, so after four of them (32 bytes) the
 //! diagonal lanes 0 and 3 hold A's and B's exact integer sums. Eight blocks
-//! per step in `portable`'s lane order (`neon::imp::sum_blocks`). Q4 weights
+//! per step in `portable`'s lane order (`neon::imp::sum_blocks_n`). Q4 weights
 //! go in as signed `nibble − 8`. The f32 kernels are NEON's.
 //!
 //! The K-quant dots are the dotprod build's (`kquant` with `sdot`; the
@@ -30,7 +30,7 @@ impl Kernels for I8mm {
 }
 
 pub mod imp {
-    use super::super::neon::imp::{q4_halves, q8_halves, sum_blocks};
+    use super::super::neon::imp::{q4_halves, q8_halves, sum_blocks_n};
     use crate::quant::{ActRef, Q4Block, Q8Block};
     use core::arch::aarch64::*;
     use core::arch::asm;
@@ -101,15 +101,15 @@ pub mod imp {
             let xb = x.blocks();
             let xq = |b: usize| q8_halves(&xb[b].qs);
             let two = |a: usize| pair(wq(a), wq(a + 1), xq(a), xq(a + 1));
-            sum_blocks(
+            sum_blocks_n(
                 n,
-                x,
+                [x],
                 f16,
                 bits,
-                |i| [diagonals(two(i), two(i + 2)), diagonals(two(i + 4), two(i + 6))],
+                |i| [[diagonals(two(i), two(i + 2)), diagonals(two(i + 4), two(i + 6))]],
                 // a block alone goes in as the pair (b, b): its sum is lane 0
-                |b| vgetq_lane_s32::<0>(pair(wq(b), wq(b), xq(b), xq(b))),
-            )
+                |b| [vgetq_lane_s32::<0>(pair(wq(b), wq(b), xq(b), xq(b)))],
+            )[0]
         }
 
         /// Q8 weights · Q8 activations: exact per-block integer sums with

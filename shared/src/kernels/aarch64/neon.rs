@@ -189,30 +189,17 @@ pub mod imp {
             }
         }
 
-        /// Σ_b (d_w·d_x)·isum_b over `n` blocks in `portable`'s order: block b
-        /// into lane b % 8 (lanes 0..4 and 4..8 of two vectors; multiply, multiply,
-        /// then add, no FMA), the lanes combined as `portable::combine8`. Eight
-        /// blocks per step: `isums8(i)` gives blocks i..i+8's exact integer sums
-        /// (Q4 offset included) as lanes 0..4, 4..8 and `bits(b)` weight block b's
-        /// scale bits (f16 when `f16`); the last n % 8 blocks go one by one into
-        /// their lanes with the same scalar operations, `one(b)` giving block b's
-        /// exact integer sum.
-        #[inline]
-        pub(crate) fn sum_blocks(
-            n: usize,
-            x: ActRef,
-            f16: bool,
-            bits: impl Fn(usize) -> u32,
-            mut isums8: impl FnMut(usize) -> [int32x4_t; 2],
-            mut one: impl FnMut(usize) -> i32,
-        ) -> f32 {
-            sum_blocks_n(n, [x], f16, bits, |i| [isums8(i)], |b| [one(b)])[0]
-        }
-
-        /// `sum_blocks` for N activation rows at once: `isums8(i)` and
-        /// `one(b)` give each row's integer sums (so that a caller can load
-        /// each weight block once for all N rows); row t's result is
-        /// `sum_blocks`'s for row t alone, the same operations.
+        /// Σ_b (d_w·d_x)·isum_b over `n` blocks in `portable`'s order, for N
+        /// activation rows: block b into lane b % 8 (lanes 0..4 and 4..8 of
+        /// two vectors; multiply, multiply, then add, no FMA), the lanes
+        /// combined as `portable::combine8`. Eight blocks per step:
+        /// `isums8(i)` gives each row's exact integer sums of blocks i..i+8
+        /// (Q4 offset included) as lanes 0..4, 4..8 (so that a caller can
+        /// load each weight block once for all N rows) and `bits(b)` weight
+        /// block b's scale bits (f16 when `f16`); the last n % 8 blocks go one
+        /// by one into their lanes with the same scalar operations, `one(b)`
+        /// giving each row's exact integer sum of block b. Row t's result is
+        /// the same operations as for row t alone.
         #[inline]
         pub(crate) fn sum_blocks_n<const N: usize>(
             n: usize,

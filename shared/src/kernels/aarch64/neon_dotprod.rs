@@ -3,7 +3,7 @@
 //! one instruction), written with `asm!` since the dotprod intrinsics are not
 //! stable. Per block, two `sdot`s (one per 16-byte half) give four i32 lanes
 //! that add up to the block's exact integer sum; eight blocks per step in
-//! `portable`'s lane order (`neon::imp::sum_blocks`). Q4 weights go in as
+//! `portable`'s lane order (`neon::imp::sum_blocks_n`). Q4 weights go in as
 //! signed `nibble − 8`. The K-quant dots are `kquant`'s with `sdot` as
 //! the 16-byte dot (one `sdot` per half of a Q4_K / Q5_K sub-block, one per
 //! Q6_K group of 16); the i8mm and SVE builds, which include dotprod, use

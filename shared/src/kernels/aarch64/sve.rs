@@ -11,7 +11,7 @@
 //! (any SVE length holds them), splits them into signed `nibble − 8` and
 //! does the same against the two 16-byte halves of the activations. The
 //! exact block sums are then scaled and summed in `portable`'s lane order by
-//! `neon::imp::sum_blocks`, so results are bit-identical to `portable` and
+//! `neon::imp::sum_blocks_n`, so results are bit-identical to `portable` and
 //! every other build whatever the vector length (tested at 128, 256 and 512
 //! bits under qemu).
 //!
@@ -37,7 +37,7 @@ impl Kernels for Sve {
 }
 
 pub mod imp {
-    use super::super::neon::imp::{ld_i32, sum_blocks};
+    use super::super::neon::imp::{ld_i32, sum_blocks_n};
     use crate::quant::{ActRef, Q4Block, Q8Block, QK};
     use core::arch::asm;
 
@@ -169,18 +169,18 @@ pub mod imp {
             debug_assert_eq!(w.len(), x.len());
             let n = w.len().min(x.len());
             let xb = x.blocks();
-            sum_blocks(
+            sum_blocks_n(
                 n,
-                x,
+                [x],
                 B::F16_SCALE,
                 |b| w[b].scale_bits(),
                 |i| {
                     let ws: [&[i8; QK]; 8] = core::array::from_fn(|j| w[i + j].quants());
                     let xs: [&[i8; QK]; 8] = core::array::from_fn(|j| &xb[i + j].qs);
-                    halves(isums_q8(&ws, &xs, 8))
+                    [halves(isums_q8(&ws, &xs, 8))]
                 },
-                |b| isums_q8(&[w[b].quants(); 8], &[&xb[b].qs; 8], 1)[0],
-            )
+                |b| [isums_q8(&[w[b].quants(); 8], &[&xb[b].qs; 8], 1)[0]],
+            )[0]
         }
 
         /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block with SVE `sdot` (exact), scaled as `dot_q8`.
@@ -189,18 +189,18 @@ pub mod imp {
             debug_assert_eq!(w.len(), x.len());
             let n = w.len().min(x.len());
             let xb = x.blocks();
-            sum_blocks(
+            sum_blocks_n(
                 n,
-                x,
+                [x],
                 B::F16_SCALE,
                 |b| w[b].scale_bits(),
                 |i| {
                     let ws: [&[u8; QK / 2]; 8] = core::array::from_fn(|j| w[i + j].nibbles());
                     let xs: [&[i8; QK]; 8] = core::array::from_fn(|j| &xb[i + j].qs);
-                    halves(isums_q4(&ws, &xs, 8))
+                    [halves(isums_q4(&ws, &xs, 8))]
                 },
-                |b| isums_q4(&[w[b].nibbles(); 8], &[&xb[b].qs; 8], 1)[0],
-            )
+                |b| [isums_q4(&[w[b].nibbles(); 8], &[&xb[b].qs; 8], 1)[0]],
+            )[0]
         }
     );
 
