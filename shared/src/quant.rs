@@ -472,6 +472,14 @@ pub struct BlockQ4Kx8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx8>() == 32 + 128 + 1024);
 
+impl BlockQ4Kx8 {
+    /// Row k's 4-bit code of weight l of sub-block j, as `q4k_code` of the row's block.
+    #[inline(always)]
+    pub fn code(&self, k: usize, j: usize, l: usize) -> u8 {
+        (self.qs[256 * (j / 2) + 32 * (l / 4) + 4 * k + l % 4] >> (4 * (j % 2))) & 15
+    }
+}
+
 /// Super-block s of eight consecutive Q5_K rows, interleaved for the
 /// eight-row K-quant kernels (`Kernels::dot_q5k_r8`): `d`, `dmin`,
 /// `scales`, `mins` and `qs` (each code's low four bits) as in

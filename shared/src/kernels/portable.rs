@@ -188,42 +188,13 @@ impl Kernels for Portable {
     /// Eight interleaved Q4_K rows (`quant::repack_q4k_x8`) · one activation
     /// row: row k's result is `dot_q4k` of row k, the same operations.
     fn dot_q4k_r8(w: &[BlockQ4Kx8], x: ActRef) -> [f32; 8] {
-        debug_assert_eq!(w.len() * 8, x.len());
-        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
-        for (s, bw) in w.iter().enumerate() {
-            for (k, row) in acc.iter_mut().enumerate() {
-                let (d, dmin) = (bw.d[k].to_f32(), bw.dmin[k].to_f32());
-                for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
-                    let isum: i32 = (0..QK)
-                        .map(|l| {
-                            let byte = bw.qs[256 * (j / 2) + 32 * (l / 4) + 4 * k + l % 4];
-                            ((byte >> (4 * (j % 2))) & 15) as i32 * bx.qs[l] as i32
-                        })
-                        .sum();
-                    let (sc, mn) = (bw.scales[j][k] as i32, bw.mins[j][k] as i32);
-                    row[j] += k_min_term(d, dmin, bx.d, sc * isum, mn * bx.sum);
-                }
-            }
-        }
-        acc.map(combine8)
+        dot_kmin_r8(w, x, |b, k, j| (b.d[k], b.dmin[k], b.scales[j][k], b.mins[j][k]), |b, k, j, l| b.code(k, j, l))
     }
 
     /// Eight interleaved Q5_K rows (`quant::repack_q5k_x8`) · one activation
     /// row: row k's result is `dot_q5k` of row k, the same operations.
     fn dot_q5k_r8(w: &[BlockQ5Kx8], x: ActRef) -> [f32; 8] {
-        debug_assert_eq!(w.len() * 8, x.len());
-        let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
-        for (s, bw) in w.iter().enumerate() {
-            for (k, row) in acc.iter_mut().enumerate() {
-                let (d, dmin) = (bw.d[k].to_f32(), bw.dmin[k].to_f32());
-                for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
-                    let isum: i32 = (0..QK).map(|l| bw.code(k, j, l) as i32 * bx.qs[l] as i32).sum();
-                    let (sc, mn) = (bw.scales[j][k] as i32, bw.mins[j][k] as i32);
-                    row[j] += k_min_term(d, dmin, bx.d, sc * isum, mn * bx.sum);
-                }
-            }
-        }
-        acc.map(combine8)
+        dot_kmin_r8(w, x, |b, k, j| (b.d[k], b.dmin[k], b.scales[j][k], b.mins[j][k]), |b, k, j, l| b.code(k, j, l))
     }
 
     /// Eight interleaved Q6_K rows (`quant::repack_q6k_x8`) · one activation
@@ -339,6 +310,30 @@ fn dot_kmin<B>(
         }
     }
     combine8(acc)
+}
+
+/// Eight interleaved Q4_K or Q5_K rows · Q8 activations in `dot_kmin`'s
+/// operations for each row (`head(b, k, j)`: row k's d, dmin, and sub-block
+/// j's scale and min; `code(b, k, j, l)`: row k's code of weight l of
+/// sub-block j).
+fn dot_kmin_r8<B>(
+    w: &[B],
+    x: ActRef,
+    head: impl Fn(&B, usize, usize) -> (f16, f16, u8, u8),
+    code: impl Fn(&B, usize, usize, usize) -> u8,
+) -> [f32; 8] {
+    debug_assert_eq!(w.len() * 8, x.len());
+    let mut acc = [[0.0f32; 8]; 8]; // [row][partial sum]
+    for (s, bw) in w.iter().enumerate() {
+        for (k, row) in acc.iter_mut().enumerate() {
+            for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
+                let (d, dmin, sc, mn) = head(bw, k, j);
+                let isum: i32 = (0..QK).map(|l| code(bw, k, j, l) as i32 * bx.qs[l] as i32).sum();
+                row[j] += k_min_term(d.to_f32(), dmin.to_f32(), bx.d, sc as i32 * isum, mn as i32 * bx.sum);
+            }
+        }
+    }
+    acc.map(combine8)
 }
 
 /// One Q4_K / Q5_K sub-block's share: (d·d_x)·S − (dmin·d_x)·M with

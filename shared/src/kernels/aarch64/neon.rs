@@ -32,15 +32,93 @@ impl Kernels for Neon {
     entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
+/// The quantised dots of an AArch64 set that sums blocks with
+/// `sum_blocks_n` and K-quant sub-blocks with `kquant`: `dot_q8`, `dot_q4`
+/// (one row) and `dot_q8_x4`, `dot_q4_x4` (four rows, each weight block
+/// loaded once) with `$dot32` as one block's 32 products in four i32 lanes;
+/// `dot_q4k`, `dot_q5k`, `dot_q6k` and their `_x4` forms (each super-block's
+/// codes unpacked once for the four rows) with `$dot16` as the 16-byte dot.
+/// Every row's result is the one-row bits. The NEON (`smull` + `sadalp`) and
+/// dotprod (`sdot`) sets differ only in those two.
+macro_rules! quantised_dots {
+    ($dot32:ident, $dot16:ident) => {
+        isa_features!(
+            /// Q8 weights · Q8 activations: exact per-block integer sums,
+            /// scaled and summed in `portable`'s order (bit-identical).
+            #[inline]
+            pub(crate) fn dot_q8<B: $crate::quant::Q8Block>(w: &[B], x: $crate::quant::ActRef) -> f32 {
+                debug_assert_eq!(w.len(), x.len());
+                $crate::kernels::aarch64::neon::imp::dot_q8_with(w, [x], |a, b| $dot32(a, b))[0]
+            }
+
+            /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block (exact), scaled as `dot_q8`.
+            #[inline]
+            pub(crate) fn dot_q4<B: $crate::quant::Q4Block>(w: &[B], x: $crate::quant::ActRef) -> f32 {
+                debug_assert_eq!(w.len(), x.len());
+                $crate::kernels::aarch64::neon::imp::dot_q4_with(w, [x], |a, b| $dot32(a, b))[0]
+            }
+
+            /// `dot_q8` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_q8_x4<B: $crate::quant::Q8Block>(w: &[B], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::neon::imp::dot_q8_with(w, xs, |a, b| $dot32(a, b))
+            }
+
+            /// `dot_q4` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_q4_x4<B: $crate::quant::Q4Block>(w: &[B], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::neon::imp::dot_q4_with(w, xs, |a, b| $dot32(a, b))
+            }
+
+            /// Q4_K weights · Q8 activations (`kquant`).
+            #[inline]
+            pub(crate) fn dot_q4k(w: &[$crate::quant::BlockQ4K], x: $crate::quant::ActRef) -> f32 {
+                $crate::kernels::aarch64::kquant::dot_q4k_with(w, [x], |acc, a, b| $dot16(acc, a, b))[0]
+            }
+
+            /// Q5_K weights · Q8 activations (`kquant`).
+            #[inline]
+            pub(crate) fn dot_q5k(w: &[$crate::quant::BlockQ5K], x: $crate::quant::ActRef) -> f32 {
+                $crate::kernels::aarch64::kquant::dot_q5k_with(w, [x], |acc, a, b| $dot16(acc, a, b))[0]
+            }
+
+            /// Q6_K weights · Q8 activations (`kquant`).
+            #[inline]
+            pub(crate) fn dot_q6k(w: &[$crate::quant::BlockQ6K], x: $crate::quant::ActRef) -> f32 {
+                $crate::kernels::aarch64::kquant::dot_q6k_with(w, [x], |acc, a, b| $dot16(acc, a, b))[0]
+            }
+
+            /// `dot_q4k` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_q4k_x4(w: &[$crate::quant::BlockQ4K], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::kquant::dot_q4k_with(w, xs, |acc, a, b| $dot16(acc, a, b))
+            }
+
+            /// `dot_q5k` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_q5k_x4(w: &[$crate::quant::BlockQ5K], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::kquant::dot_q5k_with(w, xs, |acc, a, b| $dot16(acc, a, b))
+            }
+
+            /// `dot_q6k` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_q6k_x4(w: &[$crate::quant::BlockQ6K], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::kquant::dot_q6k_with(w, xs, |acc, a, b| $dot16(acc, a, b))
+            }
+        );
+    };
+}
+#[allow(unused_imports)] // used by the dotprod build
+pub(crate) use quantised_dots;
+
 pub mod imp {
-    use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
     use crate::kernels::portable::combine8;
     use crate::kernels::portable::f16_bits_to_f32;
-    use crate::quant::{
-        e8m0_half_bits, ActRef, BlockMxfp4, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block, MXFP4_VALUES, QK,
-    };
+    use crate::quant::{e8m0_half_bits, ActRef, BlockMxfp4, Q4Block, Q8Block, MXFP4_VALUES, QK};
     use core::arch::aarch64::*;
     use half::f16;
+
+    quantised_dots!(dot32, dot16);
 
     isa_features!(
         /// Four f32 as a vector.
@@ -309,74 +387,6 @@ pub mod imp {
         ) -> [f32; N] {
             let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
             dot_blocks(n, xs, B::F16_SCALE, |b| w[b].scale_bits(), |b| q4_halves(w[b].nibbles()), blk)
-        }
-
-        /// Q8 weights · Q8 activations: exact per-block integer sums (`smull` +
-        /// `sadalp`), scaled and summed in `portable`'s order (bit-identical).
-        #[inline]
-        pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_q8_with(w, [x], |a, b| dot32(a, b))[0]
-        }
-
-        /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block (exact), scaled as `dot_q8`.
-        #[inline]
-        pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_q4_with(w, [x], |a, b| dot32(a, b))[0]
-        }
-
-        /// `dot_q8` of one weight row with four activation rows, each weight
-        /// block loaded once (each result `dot_q8`'s bits).
-        #[inline]
-        pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q8_with(w, xs, |a, b| dot32(a, b))
-        }
-
-        /// `dot_q4` of one weight row with four activation rows, each weight
-        /// block unpacked once (each result `dot_q4`'s bits).
-        #[inline]
-        pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q4_with(w, xs, |a, b| dot32(a, b))
-        }
-
-        /// Q4_K weights · Q8 activations (`kquant`, the products with `dot16`).
-        #[inline]
-        pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-            dot_q4k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
-        }
-
-        /// Q5_K weights · Q8 activations (`kquant`, the products with `dot16`).
-        #[inline]
-        pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-            dot_q5k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
-        }
-
-        /// Q6_K weights · Q8 activations (`kquant`, the products with `dot16`).
-        #[inline]
-        pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-            dot_q6k_with(w, [x], |acc, a, b| dot16(acc, a, b))[0]
-        }
-
-        /// `dot_q4k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q4k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q4k_with(w, xs, |acc, a, b| dot16(acc, a, b))
-        }
-
-        /// `dot_q5k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q5k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q5k_with(w, xs, |acc, a, b| dot16(acc, a, b))
-        }
-
-        /// `dot_q6k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q6k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q6k_with(w, xs, |acc, a, b| dot16(acc, a, b))
         }
 
         /// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)) of lanes 0..4 in

@@ -22,11 +22,14 @@ impl Kernels for NeonDotprod {
 }
 
 pub mod imp {
-    use super::super::kquant::{dot_q4k_with, dot_q5k_with, dot_q6k_with};
-    use super::super::neon::imp::{dot_mxfp4_with, dot_q4_with, dot_q8_with};
-    use crate::quant::{ActRef, BlockMxfp4, BlockQ4K, BlockQ5K, BlockQ6K, Q4Block, Q8Block};
+    use super::super::neon::imp::dot_mxfp4_with;
+    use super::super::neon::quantised_dots;
+    use crate::quant::{ActRef, BlockMxfp4};
     use core::arch::aarch64::*;
     use core::arch::asm;
+
+    // the i8mm and SVE builds take the four-row forms and the K-quant dots too
+    quantised_dots!(dot32, sdot);
 
     isa_features!(
         /// acc + `sdot`(a, b): lane k of acc gains Σ_{j<4} a[4k + j]·b[4k + j] (exact in i32).
@@ -55,37 +58,6 @@ pub mod imp {
             sdot(sdot(vdupq_n_s32(0), w[0], x[0]), w[1], x[1])
         }
 
-        /// Q8 weights · Q8 activations: exact per-block integer sums with
-        /// `sdot`, scaled and summed in `portable`'s order (bit-identical).
-        #[inline]
-        pub(crate) fn dot_q8<B: Q8Block>(w: &[B], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_q8_with(w, [x], |a, b| dot32(a, b))[0]
-        }
-
-        /// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block with `sdot` (exact), scaled as `dot_q8`.
-        #[inline]
-        pub(crate) fn dot_q4<B: Q4Block>(w: &[B], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_q4_with(w, [x], |a, b| dot32(a, b))[0]
-        }
-
-        /// `dot_q8` of one weight row with four activation rows, each weight
-        /// block loaded once (each result `dot_q8`'s bits). The i8mm and SVE
-        /// builds use it too.
-        #[inline]
-        pub(crate) fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q8_with(w, xs, |a, b| dot32(a, b))
-        }
-
-        /// `dot_q4` of one weight row with four activation rows, each weight
-        /// block unpacked once (each result `dot_q4`'s bits). The i8mm and
-        /// SVE builds use it too.
-        #[inline]
-        pub(crate) fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q4_with(w, xs, |a, b| dot32(a, b))
-        }
-
         /// MXFP4 weights · Q8 activations: the values looked up into int8
         /// (`neon::imp::mxfp4_halves`), the block sums with `sdot`. The i8mm
         /// and SVE builds use it too.
@@ -93,45 +65,6 @@ pub mod imp {
         pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
             debug_assert_eq!(w.len(), x.len());
             dot_mxfp4_with(w, x, |a, b| dot32(a, b))
-        }
-
-        /// Q4_K weights · Q8 activations (`kquant`, the products with `sdot`).
-        #[inline]
-        pub(crate) fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
-            dot_q4k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
-        }
-
-        /// Q5_K weights · Q8 activations (`kquant`, the products with `sdot`).
-        #[inline]
-        pub(crate) fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
-            dot_q5k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
-        }
-
-        /// Q6_K weights · Q8 activations (`kquant`, the products with `sdot`).
-        #[inline]
-        pub(crate) fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-            dot_q6k_with(w, [x], |acc, a, b| sdot(acc, a, b))[0]
-        }
-
-        /// `dot_q4k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q4k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q4k_with(w, xs, |acc, a, b| sdot(acc, a, b))
-        }
-
-        /// `dot_q5k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q5k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q5k_with(w, xs, |acc, a, b| sdot(acc, a, b))
-        }
-
-        /// `dot_q6k` of one weight row with four activation rows, the codes
-        /// unpacked once per super-block (each result `dot_q6k`'s bits).
-        #[inline]
-        pub(crate) fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
-            dot_q6k_with(w, xs, |acc, a, b| sdot(acc, a, b))
         }
     );
 

@@ -100,6 +100,23 @@ macro_rules! kmin_rows8_n {
 #[allow(unused_imports)] // used by the AVX-512 VNNI build
 pub(crate) use kmin_rows8_n;
 
+/// The nibbles of `qs` part c of an interleaved Q4_K (or Q5_K) super-block,
+/// eight loads: sub-block 2c's (the low nibbles, as bytes 0..15) and
+/// sub-block 2c + 1's in the form `$high(load)` gives (`high_nibbles`: bytes
+/// 0..15; AVX-512 VNNI's `high_nibbles_x16`: in place, as 16·q). A macro,
+/// so that the sixteen vectors stay in registers in the kernel.
+macro_rules! q4k_codes_r8 {
+    ($blk:expr, $c:expr, $high:expr) => {{
+        use $crate::kernels::x86_64::avx2::int8::ld_rows;
+        use $crate::kernels::x86_64::avx2::kquant_rows8::low_nibbles;
+        let (blk, c) = ($blk, $c);
+        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+        (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| ($high)(v[g])))
+    }};
+}
+#[allow(unused_imports)] // used by the AVX-512 VNNI build
+pub(crate) use q4k_codes_r8;
+
 /// Q6_K eight interleaved rows · N activation rows (module doc), `$dot16`
 /// as for `kmin_rows8_n!`; `$codes6(ql, qh)` unpacks the codes of sub-blocks
 /// 2c and 2c + 1 from their 256 low-bit and 128 high-bit bytes
@@ -167,10 +184,7 @@ macro_rules! q4k_rows8_avx2 {
             w,
             $xs,
             |v| scale_pairs_u8(v),
-            |blk: &crate::quant::BlockQ4Kx8, c: usize| {
-                let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
-                (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles(v[g])))
-            },
+            |blk: &crate::quant::BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c, high_nibbles),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
             |q, x, sc| q4k_scaled_sum(q, x, sc)
         )
@@ -304,10 +318,10 @@ isa_features!(
     /// (high) of `qh` load g as its bit 4.
     #[inline]
     pub(crate) fn q5k_codes_r8(blk: &crate::quant::BlockQ5Kx8, c: usize) -> ([__m256i; 8], [__m256i; 8]) {
-        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
+        let (lo, hi) = q4k_codes_r8!(blk, c, high_nibbles);
         let h = unroll!(8, |g| ld_rows(&blk.qh, g));
-        let lo = unroll!(8, |g| _mm256_or_si256(low_nibbles(v[g]), fifth_bit(h[g], 2 * c)));
-        let hi = unroll!(8, |g| _mm256_or_si256(high_nibbles(v[g]), fifth_bit(h[g], 2 * c + 1)));
+        let lo = unroll!(8, |g| _mm256_or_si256(lo[g], fifth_bit(h[g], 2 * c)));
+        let hi = unroll!(8, |g| _mm256_or_si256(hi[g], fifth_bit(h[g], 2 * c + 1)));
         (lo, hi)
     }
 

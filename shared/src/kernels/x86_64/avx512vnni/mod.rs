@@ -20,7 +20,7 @@ pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 use super::avx2::float as avx2_float;
 use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
-use super::avx2::kquant_rows8::{kmin_rows8_n, low_nibbles, q5k_codes_r8, q6k_rows8_n};
+use super::avx2::kquant_rows8::{kmin_rows8_n, q4k_codes_r8, q5k_codes_r8, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
     ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8Act,
@@ -157,18 +157,6 @@ isa_features!(
         _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
     }
 );
-
-/// The codes of sub-blocks 2c and 2c + 1 of an interleaved Q4_K
-/// super-block: the low nibbles of `qs` part c's loads, and their high
-/// nibbles in place (`high_nibbles_x16`). A macro, so that the sixteen
-/// vectors stay in registers in the kernel that unpacks them.
-macro_rules! q4k_codes_r8 {
-    ($blk:expr, $c:expr) => {{
-        let (blk, c) = ($blk, $c);
-        let v = unroll!(8, |g| ld_rows(&blk.qs[256 * c..256 * c + 256], g));
-        (unroll!(8, |g| low_nibbles(v[g])), unroll!(8, |g| high_nibbles_x16(v[g])))
-    }};
-}
 
 /// `kmin_rows8_n!` for Q5_K: the codes with their fifth bits (avx2's
 /// `q5k_codes_r8`), their exact sums by `vpdpbusd` (`q4k_scaled_sum`:
@@ -339,7 +327,7 @@ isa_features!(
             w,
             [x],
             |v| lanes_u8_ps(v),
-            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c),
+            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c, high_nibbles_x16),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
             |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
         )[0]
@@ -353,7 +341,7 @@ isa_features!(
             w,
             xs,
             |v| lanes_u8_ps(v),
-            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c),
+            |blk: &BlockQ4Kx8, c: usize| q4k_codes_r8!(blk, c, high_nibbles_x16),
             |q, x, sc| q4k_scaled_sum(q, x, sc),
             |q, x, sc| q4k_scaled_sum_x16(q, x, sc)
         )
