@@ -6,6 +6,7 @@ cross-build byte identity is in test_arm.py / test_armv7.py (conftest.families_q
 import base64
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -190,6 +191,27 @@ def test_mxfp4_logits_identical_across_threads_and_batch_sizes(name, tmp_path):
     for threads, batch in [(2, 512), (3, 7), (1, 1), (2, 4)]:
         other = logits_of(model, ids, tmp_path, "-t", threads, "--batch", batch).tobytes()
         assert other == base, f"MXFP4: logits differ at -t {threads} --batch {batch}"
+
+
+@pytest.mark.parametrize("name", MXFP4_NAMES)
+def test_mxfp4_experts_repacked_give_the_row_kernels_bits(name, native, tmp_path):
+    """The builds with eight-row MXFP4 kernels (avx2, avx512vnni) copy the MXFP4 experts into
+    eight-row groups at load and run them through the eight-row kernels and, from 16 tokens, the
+    prompt tiles; --no-repack keeps the plain rows and the row kernels, and the native (sse2)
+    build has neither. A 40-token prompt gives the native build's logits, byte for byte, at 1 and
+    2 threads, in one batch and in batches of 5 (each expert then sees one to a few tokens)."""
+    model = GGUF_TINY / name / "model-mxfp4.gguf"
+    ids = [3 + (i * 37) % 500 for i in range(40)]
+    want = logits_of(model, ids, tmp_path, "-t", "1").tobytes()
+    for threads, batch in [("1", "512"), ("2", "512"), ("2", "5")]:
+        for extra in [(), ("--no-repack",)]:
+            out = tmp_path / "native.f32"
+            subprocess.run([str(native), str(model), "--prompt-ids", ",".join(map(str, ids)), "--logits-out", str(out),
+                            "-n", "0", "-t", threads, "--batch", batch, *extra], check=True, capture_output=True,
+                           timeout=600)
+            assert out.read_bytes() == want, f"native -t {threads} --batch {batch} {' '.join(extra)}"
+            got = logits_of(model, ids, tmp_path, "-t", threads, "--batch", batch, *extra).tobytes()
+            assert got == want, f"-t {threads} --batch {batch} {' '.join(extra)}: not the native build's logits"
 
 
 @pytest.mark.parametrize("name", MOE)

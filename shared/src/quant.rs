@@ -240,6 +240,18 @@ pub struct BlockQ4_0x8 {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0x8>() == 8 * 18);
 
+/// Block b of eight consecutive MXFP4 rows, interleaved as `BlockQ4_0x8`:
+/// `e[k]` is row k's E8M0 scale, `qs[32·i + 4·k + e]` row k's nibble byte
+/// 4·i + e. 136 bytes for 8 × 17: made at load only (the `rows8` file
+/// layout holds no MXFP4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockMxfp4x8 {
+    pub e: [u8; ROWS8],
+    pub qs: [u8; ROWS8 * QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockMxfp4x8>() == 8 * 17);
+
 /// Whether a copy of quantised blocks takes any scale (the kernel tests'
 /// extremes, `--save`) or refuses a scale that is NaN or infinite (the
 /// loader: such a block makes every output it touches NaN).
@@ -274,6 +286,13 @@ scaled_by!(BlockQ4_0, d);
 scaled_by!(BlockQ4K, d, dmin);
 scaled_by!(BlockQ5K, d, dmin);
 scaled_by!(BlockQ6K, d);
+/// An E8M0 scale is never NaN or infinite here: `e8m0_half` reads every
+/// code, 255 included, as a finite power of two.
+impl Scaled for BlockMxfp4 {
+    fn nonfinite_scale(&self) -> Option<f32> {
+        None
+    }
+}
 impl Scaled for BlockQ8_0F32 {
     fn nonfinite_scale(&self) -> Option<f32> {
         (!self.d.is_finite()).then_some(self.d)
@@ -445,13 +464,29 @@ pub fn interleave_q4_x8(w: &[BlockQ4_0], nb: usize, out: &mut [BlockQ4_0x8]) {
 
 /// Block b of eight Q4_0 rows, interleaved.
 fn group_q4_x8(rows: [&BlockQ4_0; ROWS8]) -> BlockQ4_0x8 {
-    let mut x = BlockQ4_0x8 { d: rows.map(|r| r.d), qs: [0; ROWS8 * QK / 2] };
+    BlockQ4_0x8 { d: rows.map(|r| r.d), qs: interleave_nibbles(rows.map(|r| &r.qs)) }
+}
+
+/// Eight rows' 16 nibble bytes of a block, four bytes of each row in turn:
+/// row k's byte 4·i + e at 32·i + 4·k + e.
+fn interleave_nibbles(rows: [&[u8; QK / 2]; ROWS8]) -> [u8; ROWS8 * QK / 2] {
+    let mut qs = [0; ROWS8 * QK / 2];
     for (k, r) in rows.iter().enumerate() {
         for i in 0..QK / 8 {
-            put_word(&mut x.qs, 32 * i + 4 * k, word(&r.qs, 4 * i));
+            put_word(&mut qs, 32 * i + 4 * k, word(&r[..], 4 * i));
         }
     }
-    x
+    qs
+}
+
+/// The eight-row layout of an MXFP4 matrix (as `repack_q4_x8`).
+pub fn repack_mxfp4_x8(w: &[BlockMxfp4], nb: usize, what: &str) -> Result<Vec<BlockMxfp4x8>, String> {
+    repack_rows8(w, nb, 0, Scales::Any, what)
+}
+
+/// Block b of eight MXFP4 rows, interleaved as `group_q4_x8` lays out Q4_0's.
+fn group_mxfp4_x8(rows: [&BlockMxfp4; ROWS8]) -> BlockMxfp4x8 {
+    BlockMxfp4x8 { e: rows.map(|r| r.e), qs: interleave_nibbles(rows.map(|r| &r.qs)) }
 }
 
 /// Super-block s of eight consecutive Q4_K rows, interleaved for the
@@ -704,6 +739,19 @@ impl Rows8 for BlockQ4_0x8 {
     }
     fn row(&self, k: usize, _bias: u8) -> BlockQ4_0 {
         BlockQ4_0 { d: self.d[k], qs: std::array::from_fn(|j| self.qs[32 * (j / 4) + 4 * k + j % 4]) }
+    }
+}
+
+impl Rows8 for BlockMxfp4x8 {
+    type Row = BlockMxfp4;
+    fn nonfinite_row(&self) -> Option<(usize, f32)> {
+        None
+    }
+    fn group(rows: [&BlockMxfp4; ROWS8], _bias: u8) -> Self {
+        group_mxfp4_x8(rows)
+    }
+    fn row(&self, k: usize, _bias: u8) -> BlockMxfp4 {
+        BlockMxfp4 { e: self.e[k], qs: std::array::from_fn(|j| self.qs[32 * (j / 4) + 4 * k + j % 4]) }
     }
 }
 

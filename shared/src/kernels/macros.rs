@@ -5,7 +5,7 @@
 //! that uses it.
 
 /// The `Kernels` methods named (or the groups named: `f32_ops`, `kv_rows`,
-/// `int8_dots`, `int8_dots_x4`, `mxfp4_dots`, `rows8`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`, `kquant_tiles`), each forwarding to the function of
+/// `int8_dots`, `int8_dots_x4`, `mxfp4_dots`, `rows8`, `mxfp4_rows8`, `mxfp4_tiles`, `kquant_dots`, `kquant_dots_x4`, `kquant_rows8`, `tiles`, `kquant_tiles`), each forwarding to the function of
 /// the same name in module `$m`, compiled with this build's target features
 /// (`isa_features!`), so calling it from the method, which is not, is
 /// `unsafe`.
@@ -25,6 +25,10 @@ macro_rules! entry_points {
     (@group $m:ident rows8) => {
         entry_points!($m: dot_q8_r8, dot_q4_r8, dot_q8_r8_x2, dot_q4_r8_x2, dot_q8_r8_x3, dot_q4_r8_x3, dot_q8_r8_x4, dot_q4_r8_x4);
     };
+    (@group $m:ident mxfp4_rows8) => {
+        entry_points!($m: dot_mxfp4_r8, dot_mxfp4_r8_x2, dot_mxfp4_r8_x3, dot_mxfp4_r8_x4);
+    };
+    (@group $m:ident mxfp4_tiles) => { entry_points!(@tile $m tile_mxfp4 BlockMxfp4x8); };
     (@group $m:ident kquant_rows8) => {
         entry_points!($m: dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4);
         entry_points!($m: dot_q5k_r8, dot_q5k_r8_x2, dot_q5k_r8_x3, dot_q5k_r8_x4);
@@ -70,6 +74,9 @@ macro_rules! entry_points {
     (@one $m:ident dot_q5k_r8_x2) => { entry_points!(@rows $m dot_q5k_r8_x2 BlockQ5Kx8 2); };
     (@one $m:ident dot_q5k_r8_x3) => { entry_points!(@rows $m dot_q5k_r8_x3 BlockQ5Kx8 3); };
     (@one $m:ident dot_q5k_r8_x4) => { entry_points!(@rows $m dot_q5k_r8_x4 BlockQ5Kx8 4); };
+    (@one $m:ident dot_mxfp4_r8_x2) => { entry_points!(@rows $m dot_mxfp4_r8_x2 BlockMxfp4x8 2); };
+    (@one $m:ident dot_mxfp4_r8_x3) => { entry_points!(@rows $m dot_mxfp4_r8_x3 BlockMxfp4x8 3); };
+    (@one $m:ident dot_mxfp4_r8_x4) => { entry_points!(@rows $m dot_mxfp4_r8_x4 BlockMxfp4x8 4); };
     (@one $m:ident dot_q6k_r8_x2) => { entry_points!(@rows $m dot_q6k_r8_x2 BlockQ6Kx8 2); };
     (@one $m:ident dot_q6k_r8_x3) => { entry_points!(@rows $m dot_q6k_r8_x3 BlockQ6Kx8 3); };
     (@one $m:ident dot_q6k_r8_x4) => { entry_points!(@rows $m dot_q6k_r8_x4 BlockQ6Kx8 4); };
@@ -124,6 +131,13 @@ macro_rules! entry_points {
         fn dot_q8_r8(w: &[crate::quant::BlockQ8_0x8], x: crate::quant::ActRef) -> [f32; 8] {
             // SAFETY: see `entry_points!(@one $m dot_q8)`.
             unsafe { $m::dot_q8_r8(w, x) }
+        }
+    };
+    (@one $m:ident dot_mxfp4_r8) => {
+        #[inline]
+        fn dot_mxfp4_r8(w: &[crate::quant::BlockMxfp4x8], x: crate::quant::ActRef) -> [f32; 8] {
+            // SAFETY: see `entry_points!(@one $m dot_q8)`.
+            unsafe { $m::dot_mxfp4_r8(w, x) }
         }
     };
     (@one $m:ident dot_q4_r8) => {

@@ -10,9 +10,9 @@ use half::f16;
 use super::{Arch, Kernels};
 use crate::pool;
 use crate::quant::{
-    dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockMxfp4, BlockQ4K,
-    BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0,
-    BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
+    dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, ActQ8, ActRef, BlockMxfp4,
+    BlockMxfp4x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K,
+    BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, QK, QK_K, ROWS8,
 };
 
 /// Borrowed rows of a weight matrix, in their stored type.
@@ -30,9 +30,10 @@ pub enum WeightData<'a> {
     Mxfp4(&'a [BlockMxfp4]),
 }
 
-/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K matrix again,
-/// in the eight-row interleaved layout (the eight-row kernels): group g's
-/// block b at g·nb + b, nb = cols/32 (Q8_0, Q4_0) or cols/256 (K-quants).
+/// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / MXFP4 matrix
+/// again, in the eight-row interleaved layout (the eight-row kernels): group
+/// g's block b at g·nb + b, nb = cols/32 (Q8_0, Q4_0, MXFP4) or cols/256
+/// (K-quants).
 #[derive(Clone, Copy)]
 pub enum Packed<'a> {
     None,
@@ -41,6 +42,7 @@ pub enum Packed<'a> {
     Q4K(&'a [BlockQ4Kx8]),
     Q5K(&'a [BlockQ5Kx8]),
     Q6K(&'a [BlockQ6Kx8]),
+    Mxfp4(&'a [BlockMxfp4x8]),
 }
 
 /// A [rows, cols] weight matrix (row-major, cols contiguous).
@@ -86,6 +88,7 @@ impl<'a> MatRef<'a> {
             Packed::Q4K(p) if whole => Packed::Q4K(part(p, k, g0, gn)),
             Packed::Q5K(p) if whole => Packed::Q5K(part(p, k, g0, gn)),
             Packed::Q6K(p) if whole => Packed::Q6K(part(p, k, g0, gn)),
+            Packed::Mxfp4(p) if whole => Packed::Mxfp4(part(p, b, g0, gn)),
             _ => Packed::None,
         };
         MatRef { rows: n, cols: self.cols, data, packed }
@@ -135,6 +138,7 @@ impl<'a> MatRef<'a> {
             Packed::Q4K(p) => (p.len(), self.cols / QK_K),
             Packed::Q5K(p) => (p.len(), self.cols / QK_K),
             Packed::Q6K(p) => (p.len(), self.cols / QK_K),
+            Packed::Mxfp4(p) => (p.len(), self.cols / QK),
             Packed::None => return None,
         };
         let g = r / ROWS8;
@@ -173,6 +177,7 @@ impl<'a> MatRef<'a> {
             Packed::Q4K(p) => call!(p, dot_q4k_r8, dot_q4k_r8_x2, dot_q4k_r8_x3, dot_q4k_r8_x4),
             Packed::Q5K(p) => call!(p, dot_q5k_r8, dot_q5k_r8_x2, dot_q5k_r8_x3, dot_q5k_r8_x4),
             Packed::Q6K(p) => call!(p, dot_q6k_r8, dot_q6k_r8_x2, dot_q6k_r8_x3, dot_q6k_r8_x4),
+            Packed::Mxfp4(p) => call!(p, dot_mxfp4_r8, dot_mxfp4_r8_x2, dot_mxfp4_r8_x3, dot_mxfp4_r8_x4),
             Packed::None => return false,
         }
         true
@@ -194,6 +199,7 @@ impl<'a> MatRef<'a> {
             (Packed::Q4K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::Q5K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::Q6K(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
+            (Packed::Mxfp4(p), Some(g)) => part(p, g.start, g.len() * n / ROWS8),
             (Packed::None, _) => match self.data {
                 WeightData::Q8_0(w) => part(w, r * b, n * b),
                 WeightData::Q4_0(w) => part(w, r * b, n * b),
@@ -209,10 +215,10 @@ impl<'a> MatRef<'a> {
     }
 
     /// Rows r .. r + 16 (two repacked groups) with tokens t0 .. t0 + n
-    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q5k`, `tile_q6k`),
+    /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q5k`, `tile_q6k`, `tile_mxfp4`),
     /// `Kernels::TILE_TOKENS` tokens a call: `put(i, t, value)` for row
     /// r + i and token t; returns whether it was (the set has tile kernels
-    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K ones).
+    /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / MXFP4 ones).
     #[inline]
     fn prompt_tile<'x>(
         &self,
@@ -222,9 +228,7 @@ impl<'a> MatRef<'a> {
         one_token: &impl Fn(usize) -> (&'x [f32], ActRef<'x>),
         mut put: impl FnMut(usize, usize, f32),
     ) -> bool {
-        if Arch::TILE_TOKENS == 0
-            || !matches!(self.packed, Packed::Q8(_) | Packed::Q4(_) | Packed::Q4K(_) | Packed::Q5K(_) | Packed::Q6K(_))
-        {
+        if Arch::TILE_TOKENS == 0 || matches!(self.packed, Packed::None) {
             return false;
         }
         let (Some(first), Some(_)) = (self.group_blocks(r), self.group_blocks(r + ROWS8)) else { return false };
@@ -243,6 +247,7 @@ impl<'a> MatRef<'a> {
                 Packed::Q4K(p) => Arch::tile_q4k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q5K(p) => Arch::tile_q5k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 Packed::Q6K(p) => Arch::tile_q6k(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
+                Packed::Mxfp4(p) => Arch::tile_mxfp4(&p[blocks.clone()], nb, &xs[..run], &mut out[..run]),
                 _ => unreachable!("prompt_tile: checked above"),
             }
             for (j, row) in out[..run].iter().enumerate() {

@@ -11,8 +11,8 @@ use half::f16;
 
 use super::set::Kernels;
 use crate::quant::{
-    e8m0_half, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8,
-    BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK,
+    e8m0_half, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8,
+    BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, Rows8, MXFP4_VALUES, QK,
 };
 
 /// The scalar kernel set.
@@ -112,6 +112,13 @@ impl Kernels for Portable {
             acc[i % 8] += (e8m0_half(bw.e) * bx.d) * isum as f32;
         }
         combine8(acc)
+    }
+
+    /// Eight interleaved MXFP4 rows (`quant::repack_mxfp4_x8`) · one
+    /// activation row: row k's result is `dot_mxfp4` of row k taken out of
+    /// the groups (`Rows8::row`).
+    fn dot_mxfp4_r8(w: &[BlockMxfp4x8], x: ActRef) -> [f32; 8] {
+        std::array::from_fn(|k| Self::dot_mxfp4(&w.iter().map(|b| b.row(k, 0)).collect::<Vec<_>>(), x))
     }
 
     /// Eight interleaved Q8 rows (`quant::repack_q8_x8` with `Q8_X8_BIAS`) ·

@@ -18,8 +18,8 @@ use half::f16;
 
 use super::portable::Portable;
 use crate::quant::{
-    ActQ8, ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8,
-    BlockQ8_0, BlockQ8_0x8, Q4Block, Q8Block,
+    ActQ8, ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K,
+    BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, Q4Block, Q8Block,
 };
 
 pub trait Kernels {
@@ -33,6 +33,10 @@ pub trait Kernels {
     /// `dot_q5k_r8`, `dot_q6k_r8` ...): the model copies Q4_K / Q5_K / Q6_K matrices into the
     /// interleaved layout at load time (the other sets keep them per row).
     const KQUANT_ROWS8: bool = false;
+    /// This set has its own eight-row MXFP4 kernels (`dot_mxfp4_r8` ...):
+    /// the model copies MXFP4 matrices into the interleaved layout at load
+    /// time (the other sets keep them per row).
+    const MXFP4_ROWS8: bool = false;
     /// What `int8_peak` runs, for `--bench`'s line.
     const INT8_PEAK: &'static str = "the one-row dot_q8 loop";
 
@@ -137,6 +141,28 @@ pub trait Kernels {
         xs.map(|x| Self::dot_q4_r8(w, x))
     }
 
+    // ---- eight interleaved MXFP4 rows (`quant::BlockMxfp4x8`; defaults as
+    // for `dot_q8_r8`, reached only by tests for a set without its own,
+    // `MXFP4_ROWS8` false)
+
+    /// Eight interleaved MXFP4 rows · one activation row: row k's result is
+    /// `dot_mxfp4` of row k, bit for bit.
+    fn dot_mxfp4_r8(w: &[BlockMxfp4x8], x: ActRef) -> [f32; 8] {
+        Portable::dot_mxfp4_r8(w, x)
+    }
+    /// Eight interleaved MXFP4 rows · two activation rows.
+    fn dot_mxfp4_r8_x2(w: &[BlockMxfp4x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        xs.map(|x| Self::dot_mxfp4_r8(w, x))
+    }
+    /// Eight interleaved MXFP4 rows · three activation rows.
+    fn dot_mxfp4_r8_x3(w: &[BlockMxfp4x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        xs.map(|x| Self::dot_mxfp4_r8(w, x))
+    }
+    /// Eight interleaved MXFP4 rows · four activation rows.
+    fn dot_mxfp4_r8_x4(w: &[BlockMxfp4x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        xs.map(|x| Self::dot_mxfp4_r8(w, x))
+    }
+
     // ---- prompt tiles: two interleaved groups (16 rows) · a run of tokens
 
     /// Tokens a prompt tile kernel (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q6k`) of this set takes
@@ -154,6 +180,17 @@ pub trait Kernels {
     /// As `tile_q8` for Q4 groups.
     fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
         tile_by_rows8(w, nb, xs, out, (Self::dot_q4_r8, Self::dot_q4_r8_x2, Self::dot_q4_r8_x3, Self::dot_q4_r8_x4))
+    }
+
+    /// As `tile_q8` for MXFP4 groups: `dot_mxfp4` of each row, bit for bit.
+    fn tile_mxfp4(w: &[BlockMxfp4x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        tile_by_rows8(
+            w,
+            nb,
+            xs,
+            out,
+            (Self::dot_mxfp4_r8, Self::dot_mxfp4_r8_x2, Self::dot_mxfp4_r8_x3, Self::dot_mxfp4_r8_x4),
+        )
     }
 
     /// Asks for `bytes` to be brought into the L2 cache ahead of use (a

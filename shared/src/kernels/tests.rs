@@ -587,6 +587,8 @@ fn matmul_identical_for(n_tok: usize) {
     let x = rng.vec(n_tok * cols);
     let p8 = crate::quant::repack_q8_x8(&w8, cols / QK, Arch::Q8_X8_BIAS, "test").unwrap();
     let p4 = crate::quant::repack_q4_x8(&w4, cols / QK, "test").unwrap();
+    let wm = super::tests_mxfp4::mxfp4_blocks(&mut rng, rows * cols / QK, 110, 30);
+    let pm = crate::quant::repack_mxfp4_x8(&wm, cols / QK, "test").unwrap();
     let datas = [
         (WeightData::Q4_0(&w4), Packed::None),
         (WeightData::Q8_0(&w8), Packed::None),
@@ -597,6 +599,8 @@ fn matmul_identical_for(n_tok: usize) {
         // the eight-row kernels: 32 rows in four groups, 5 left in the plain layout
         (WeightData::Q4_0(&w4), Packed::Q4(&p4)),
         (WeightData::Q8_0(&w8), Packed::Q8(&p8)),
+        (WeightData::Mxfp4(&wm), Packed::None),
+        (WeightData::Mxfp4(&wm), Packed::Mxfp4(&pm)),
     ];
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     for (data, packed) in datas {

@@ -9,7 +9,7 @@ use crate::quant::{dequant_mxfp4, e8m0_half, ActQ8, ActRef, BlockMxfp4, BlockQ8A
 use crate::test_rng::Rng;
 
 /// Random blocks with scales 2^(e−128) for e in `e_lo..e_lo + e_span`.
-fn mxfp4_blocks(rng: &mut Rng, n: usize, e_lo: u8, e_span: u8) -> Vec<BlockMxfp4> {
+pub(super) fn mxfp4_blocks(rng: &mut Rng, n: usize, e_lo: u8, e_span: u8) -> Vec<BlockMxfp4> {
     (0..n)
         .map(|_| {
             let mut b =
@@ -120,5 +120,66 @@ fn mxfp4_values_are_e2m1_doubled() {
     for e in 0..=255u8 {
         let want = f64::powi(2.0, i32::from(e) - 128);
         assert_eq!(e8m0_half(e) as f64, want.min(f64::powi(2.0, 127)), "e8m0 {e}");
+    }
+}
+
+/// The eight-row kernels (`dot_mxfp4_r8` and its two- to four-token forms)
+/// and the prompt tile (`tile_mxfp4`) over repacked rows against the
+/// single-row dots, bit for bit: every row of both groups, odd block
+/// counts, every E8M0 code class (the subnormal 0 and 1, 2, 254, 255) and
+/// the largest codes, activations at the quantiser's extremes, each token
+/// in every position of the short forms, every tile length.
+#[test]
+fn mxfp4_eight_row_dots_and_tiles_equal_single_row_dots() {
+    use crate::quant::{repack_mxfp4_x8, ROWS8};
+    let mut rng = Rng(0x3f4_0008);
+    let tile_tokens = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
+    for nb in (1..=34).chain([47, 64, 65, 191, 300]) {
+        let rows = 2 * ROWS8 + 3; // two groups and three rows left in the plain layout
+        let mut w = mxfp4_blocks(&mut rng, rows * nb, 112, 30);
+        for (i, e) in [0u8, 1, 2, 254, 255].into_iter().enumerate() {
+            w[(i * 7919) % (rows * nb)].e = e;
+        }
+        w[(rows * nb) / 3].qs = [0x77; QK / 2];
+        w[(rows * nb) / 2].qs = [0xff; QK / 2];
+        let p = repack_mxfp4_x8(&w, nb, "test").unwrap();
+        assert_eq!(p.len(), 2 * nb);
+        let mut acts: Vec<ActQ8> = (0..tile_tokens).map(|_| ActQ8::quantize(&rng.vec(nb * QK))).collect();
+        let big: Vec<f32> = (0..nb * QK).map(|i| if i % 3 == 0 { -1e30 } else { 1e30 }).collect();
+        acts[1] = ActQ8::quantize(&big); // every quant ±127
+        let xs: Vec<ActRef> = acts.iter().map(|a| a.as_ref()).collect();
+        let want = |r: usize, t: usize| Arch::dot_mxfp4(&w[r * nb..(r + 1) * nb], xs[t]).to_bits();
+        let bits8 = |v: [f32; 8]| v.map(f32::to_bits);
+        for g in 0..2 {
+            let q = &p[g * nb..(g + 1) * nb];
+            let x4 = [xs[0], xs[1], xs[2], xs[3]];
+            for t in 0..4 {
+                let want8: [u32; 8] = std::array::from_fn(|k| want(g * ROWS8 + k, t));
+                let port: [u32; 8] = std::array::from_fn(|k| {
+                    Portable::dot_mxfp4(&w[(g * ROWS8 + k) * nb..(g * ROWS8 + k + 1) * nb], xs[t]).to_bits()
+                });
+                assert_eq!(want8, port, "single-row dots against portable nb={nb}");
+                assert_eq!(bits8(Arch::dot_mxfp4_r8(q, xs[t])), want8, "r8 nb={nb} g={g} t={t}");
+                assert_eq!(bits8(Portable::dot_mxfp4_r8(q, xs[t])), want8, "portable r8 nb={nb} g={g}");
+                assert_eq!(bits8(Arch::dot_mxfp4_r8(q, xs[t].blocks().into())), want8, "r8 from blocks nb={nb}");
+                assert_eq!(bits8(Arch::dot_mxfp4_r8_x4(q, x4)[t]), want8, "r8 x4 nb={nb} g={g} t={t}");
+                for at in 0..3 {
+                    let x3: [ActRef; 3] = std::array::from_fn(|i| if i == at { xs[t] } else { x4[(t + i + 1) % 4] });
+                    assert_eq!(bits8(Arch::dot_mxfp4_r8_x3(q, x3)[at]), want8, "r8 x3 nb={nb} t={t} at={at}");
+                    if at < 2 {
+                        let x2 = [x3[0], x3[1]];
+                        assert_eq!(bits8(Arch::dot_mxfp4_r8_x2(q, x2)[at]), want8, "r8 x2 nb={nb} t={t} at={at}");
+                    }
+                }
+            }
+        }
+        for n in 1..=tile_tokens {
+            let mut out = vec![[0.0f32; 16]; n];
+            Arch::tile_mxfp4(&p, nb, &xs[..n], &mut out);
+            for (t, o) in out.iter().enumerate() {
+                let want16: [u32; 16] = std::array::from_fn(|r| want(r, t));
+                assert_eq!(o.map(f32::to_bits), want16, "tile nb={nb} n={n} t={t}");
+            }
+        }
     }
 }

@@ -14,10 +14,10 @@ use super::Model;
 use crate::format::mlb::{rows8_block_bytes, Layout, Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    deinterleave_x8, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, nonfinite_block,
-    nonfinite_scale_error, rebias_q8_x8, repack_rows8, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0, BlockQ4_0F32,
-    BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8, Scaled,
-    Scales, QK, QK_K, ROWS8,
+    deinterleave_x8, dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, nonfinite_block,
+    nonfinite_scale_error, rebias_q8_x8, repack_rows8, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0,
+    BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8,
+    Scaled, Scales, QK, QK_K, ROWS8,
 };
 
 /// A weight matrix: the tensor in the mapped file, where the kernels read
@@ -99,9 +99,9 @@ impl Matrix {
 }
 
 /// Rows 0 .. ⌊rows/8⌋·8 of a Q8_0 / Q4_0 (or, when the kernels have them,
-/// Q4_K / Q5_K / Q6_K) matrix copied into the interleaved layout of the
-/// eight-row kernels (`Kernels::dot_q8_r8`, `dot_q4k_r8` ...; memory: the
-/// same bytes again, Q4_K's 3 %, Q5_K's 2 % and Q6_K's 30 % more).
+/// Q4_K / Q5_K / Q6_K / MXFP4) matrix copied into the interleaved layout of
+/// the eight-row kernels (`Kernels::dot_q8_r8`, `dot_q4k_r8` ...; memory:
+/// the same bytes again, Q4_K's 3 %, Q5_K's 2 % and Q6_K's 30 % more).
 #[derive(Debug)]
 pub(super) enum PackedRows {
     Q8(Vec<BlockQ8_0x8>),
@@ -109,6 +109,7 @@ pub(super) enum PackedRows {
     Q4K(Vec<BlockQ4Kx8>),
     Q5K(Vec<BlockQ5Kx8>),
     Q6K(Vec<BlockQ6Kx8>),
+    Mxfp4(Vec<BlockMxfp4x8>),
 }
 
 impl PackedRows {
@@ -119,6 +120,7 @@ impl PackedRows {
             PackedRows::Q4K(v) => std::mem::size_of_val(&v[..]),
             PackedRows::Q5K(v) => std::mem::size_of_val(&v[..]),
             PackedRows::Q6K(v) => std::mem::size_of_val(&v[..]),
+            PackedRows::Mxfp4(v) => std::mem::size_of_val(&v[..]),
         }
     }
 }
@@ -404,6 +406,7 @@ impl Model {
                 PackedRows::Q4K(p) => Packed::Q4K(p),
                 PackedRows::Q5K(p) => Packed::Q5K(p),
                 PackedRows::Q6K(p) => Packed::Q6K(p),
+                PackedRows::Mxfp4(p) => Packed::Mxfp4(p),
             },
             Groups::File { start, len } => {
                 let g = self.file.range(*start, *len);
@@ -459,6 +462,7 @@ impl Model {
             Packed::Q4K(p) => dequant_q4k(&row_of(p, r, nbk, bias), out),
             Packed::Q5K(p) => dequant_q5k(&row_of(p, r, nbk, bias), out),
             Packed::Q6K(p) => dequant_q6k(&row_of(p, r, nbk, bias), out),
+            Packed::Mxfp4(p) => dequant_mxfp4(&row_of(p, r, nb, bias), out),
             // (not reached: `plain_from` is 0 unless the groups are there)
             Packed::None => w.row_to_f32(r, out),
         }
@@ -488,12 +492,14 @@ fn plain_copy<X: Rows8>(groups: &[u8], tail: &[u8], nb: usize, what: &str) -> Re
 
 /// Whether this build's kernels read eight-row groups of `ttype` (a
 /// `rows8` tensor, or a copy repacked at load): Q8_0 and Q4_0 where
-/// `Kernels::ROWS8`, Q4_K, Q5_K and Q6_K where `KQUANT_ROWS8` too (Q5_K
-/// only as a copy: the `rows8` layout holds no Q5_K).
+/// `Kernels::ROWS8`, Q4_K, Q5_K and Q6_K where `KQUANT_ROWS8` too, MXFP4
+/// where `MXFP4_ROWS8` too (Q5_K and MXFP4 only as a copy: the `rows8`
+/// layout holds neither).
 pub fn kernels_read_groups(ttype: TensorType) -> bool {
     match ttype {
         TensorType::Q8_0 | TensorType::Q4_0 => Arch::ROWS8,
         TensorType::Q4K | TensorType::Q5K | TensorType::Q6K => Arch::ROWS8 && Arch::KQUANT_ROWS8,
+        TensorType::Mxfp4 => Arch::ROWS8 && Arch::MXFP4_ROWS8,
         _ => false,
     }
 }
@@ -560,6 +566,7 @@ impl Loader<'_> {
                 TensorType::Q4_0 => PackedRows::Q4(repack(bytes, cols / QK, &what)?),
                 TensorType::Q4K => PackedRows::Q4K(repack(bytes, cols / QK_K, &what)?),
                 TensorType::Q5K => PackedRows::Q5K(repack(bytes, cols / QK_K, &what)?),
+                TensorType::Mxfp4 => PackedRows::Mxfp4(repack(bytes, cols / QK, &what)?),
                 _ => PackedRows::Q6K(repack(bytes, cols / QK_K, &what)?),
             }));
             // the kernels read the copy (the plain rows only for a lookup or

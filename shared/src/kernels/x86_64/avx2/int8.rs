@@ -11,7 +11,8 @@ use half::f16;
 pub(crate) use super::{hsum, st};
 use crate::kernels::x86_64::sse2::{halves, ld16};
 use crate::quant::{
-    ActRef, BlockMxfp4, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK, ZERO_Q4, ZERO_Q8,
+    ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4_0x8, BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block, MXFP4_VALUES, QK,
+    ZERO_Q4, ZERO_Q8,
 };
 
 /// Σ_b (d_w·d_x)·isum_b in `portable`'s order for one weight row and N
@@ -99,16 +100,21 @@ pub(crate) use sum_blocks8_n;
 /// block sums (`|wv, xb| isums`: eight i32 lanes, Q4's −8·Σq included). No
 /// horizontal reduction: the interleave puts four weights of every row in
 /// each 32-bit lane, multiplied by the same four activations (broadcast).
-/// The last nb % 8 blocks are one more pass with fewer blocks. A macro, so
-/// that all of it is inlined into the kernel.
+/// The last nb % 8 blocks are one more pass with fewer blocks. The
+/// `@scaled` form takes the rows' scales from `|blk| scales` (MXFP4's E8M0
+/// bytes, `scales_e8m0`). A macro, so that all of it is inlined into the
+/// kernel.
 macro_rules! rows8_n {
-    (@step $n:tt, $acc:ident, $w:ident, $xs:ident, $i:ident, $r:ident, |$blk:ident| $wprep:expr,
-     |$wv:ident, $xb:ident| $isums:expr) => {{
+    (@step $n:tt, $acc:ident, $w:ident, $xs:ident, $i:ident, $r:ident, |$sblk:ident| $scales:expr,
+     |$blk:ident| $wprep:expr, |$wv:ident, $xb:ident| $isums:expr) => {{
         use $crate::kernels::x86_64::avx2::int8 as a;
         let _ = unroll!(8, |l| if l < $r {
             let $blk = &$w[$i + l];
             let $wv = $wprep;
-            let dw = a::scales_f16(&$blk.d);
+            let dw = {
+                let $sblk = $blk;
+                $scales
+            };
             let _ = unroll!($n, |t| {
                 let $xb = &$xs[t].blocks()[$i + l];
                 let s = $isums;
@@ -116,7 +122,13 @@ macro_rules! rows8_n {
             });
         });
     }};
-    ($n:tt, $w:expr, $xs:expr, |$blk:ident| $wprep:expr, |$wv:ident, $xb:ident| $isums:expr $(,)?) => {{
+    ($n:tt, $w:expr, $xs:expr, |$blk:ident| $wprep:expr, |$wv:ident, $xb:ident| $isums:expr $(,)?) => {
+        $crate::kernels::x86_64::avx2::int8::rows8_n!(@scaled $n, $w, $xs,
+            |sblk| $crate::kernels::x86_64::avx2::int8::scales_f16(&sblk.d), |$blk| $wprep, |$wv, $xb| $isums)
+    };
+    // `|blk| scales`: a block's eight row scales as f32 lanes (f16 `d` above).
+    (@scaled $n:tt, $w:expr, $xs:expr, |$sblk:ident| $scales:expr, |$blk:ident| $wprep:expr,
+     |$wv:ident, $xb:ident| $isums:expr $(,)?) => {{
         use core::arch::x86_64::*;
         use $crate::kernels::x86_64::avx2::int8 as a;
         let w = $w;
@@ -131,11 +143,11 @@ macro_rules! rows8_n {
         let mut i = 0usize;
         while i + 8 <= nb {
             let r = 8usize; // a constant: the block choices compile away
-            $crate::kernels::x86_64::avx2::int8::rows8_n!(@step $n, acc, w, xs, i, r, |$blk| $wprep, |$wv, $xb| $isums);
+            $crate::kernels::x86_64::avx2::int8::rows8_n!(@step $n, acc, w, xs, i, r, |$sblk| $scales, |$blk| $wprep, |$wv, $xb| $isums);
             i += 8;
         }
         let r = nb - i;
-        $crate::kernels::x86_64::avx2::int8::rows8_n!(@step $n, acc, w, xs, i, r, |$blk| $wprep, |$wv, $xb| $isums);
+        $crate::kernels::x86_64::avx2::int8::rows8_n!(@step $n, acc, w, xs, i, r, |$sblk| $scales, |$blk| $wprep, |$wv, $xb| $isums);
         unroll!($n, |t| a::combine_rows(acc[t]))
     }};
 }
@@ -531,6 +543,53 @@ isa_features!(
         _mm256_sub_epi32(s, _mm256_set1_epi32(8 * x.sum))
     }
 
+    /// Eight rows' E8M0 scales as f32 lanes, `quant::e8m0_half` bit for
+    /// bit: (e − 1)·2^23 as the bits for e ≥ 2, the subnormal 2^21 << e below.
+    #[inline]
+    pub(crate) fn scales_e8m0(e: &[u8; 8]) -> __m256 {
+        let v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*e)));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(v, _mm256_set1_epi32(1)));
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), v);
+        let is_normal = _mm256_cmpgt_epi32(v, _mm256_set1_epi32(1));
+        _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
+    }
+
+    /// An interleaved MXFP4 block's codes as the unsigned bytes v + 12
+    /// (`MXFP4_PLUS_12`, looked up with `vpshufb`): (low, high) of each
+    /// 32-byte group, as `rows_nibbles`.
+    #[inline]
+    pub(crate) fn rows_mxfp4(blk: &BlockMxfp4x8) -> [(__m256i, __m256i); 4] {
+        // SAFETY: MXFP4_PLUS_12 is 16 readable bytes; loadu needs no alignment.
+        let table = unsafe { _mm_loadu_si128(MXFP4_PLUS_12.as_ptr() as *const __m128i) };
+        let (table, m) = (_mm256_set_m128i(table, table), _mm256_set1_epi8(0x0f));
+        unroll!(4, |g| {
+            let v = ld_rows(&blk.qs, g);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+            (_mm256_shuffle_epi8(table, _mm256_and_si256(v, m)), _mm256_shuffle_epi8(table, hi))
+        })
+    }
+
+    /// Eight rows' exact Σ v·q for one MXFP4 block: Σ (v + 12)·q − 12·Σq,
+    /// the u8 × i8 pair sums (≤ 2·24·128 = 6144) added four to an i16
+    /// (≤ 24576, no overflow), each half widened.
+    #[inline]
+    fn mxfp4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let half = unroll!(2, |h| {
+            let g = 2 * h;
+            let a = _mm256_add_epi16(
+                _mm256_maddubs_epi16(n[g].0, bcast4(x, g)),
+                _mm256_maddubs_epi16(n[g].1, bcast4(x, 4 + g)),
+            );
+            let b = _mm256_add_epi16(
+                _mm256_maddubs_epi16(n[g + 1].0, bcast4(x, g + 1)),
+                _mm256_maddubs_epi16(n[g + 1].1, bcast4(x, 5 + g)),
+            );
+            _mm256_madd_epi16(_mm256_add_epi16(a, b), ones)
+        });
+        _mm256_sub_epi32(_mm256_add_epi32(half[0], half[1]), _mm256_set1_epi32(12 * x.sum))
+    }
+
     /// An interleaved Q8 block (bias 0: signed quants): (|w|, w) of each 32-byte group.
     #[inline]
     fn rows_q8(blk: &BlockQ8_0x8) -> [(__m256i, __m256i); 8] {
@@ -553,6 +612,33 @@ isa_features!(
         h(h(h(p[0], p[1]), h(p[2], p[3])), h(h(p[4], p[5]), h(p[6], p[7])))
     }
 );
+
+/// Twice E2M1 plus 12 (`MXFP4_VALUES` + 12, 0 to 24): MXFP4 codes as
+/// unsigned bytes for `vpmaddubsw` and `vpdpbusd`, which need an unsigned
+/// operand: Σ (v + 12)·q − 12·Σq = Σ v·q.
+pub(crate) const MXFP4_PLUS_12: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (MXFP4_VALUES[i] + 12) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Eight interleaved MXFP4 rows · `$n` activation rows: `rows8_n!` with
+/// the E8M0 scales (`scales_e8m0`) and the codes as v + 12 (`rows_mxfp4`),
+/// `$isums` the exact block sums of the build (`mxfp4_rows_isums`).
+macro_rules! mxfp4_r8_n {
+    ($n:tt, $w:expr, $xs:expr, $isums:path) => {
+        $crate::kernels::x86_64::avx2::int8::rows8_n!(@scaled $n, $w, $xs,
+            |blk| $crate::kernels::x86_64::avx2::int8::scales_e8m0(&blk.e),
+            |blk| $crate::kernels::x86_64::avx2::int8::rows_mxfp4(blk),
+            |wv, xb| $isums(&wv, xb))
+    };
+}
+#[allow(unused_imports)] // used by the AVX-512 VNNI build
+pub(crate) use mxfp4_r8_n;
 
 /// Bias of the quants in `BlockQ8_0x8` for these kernels: none (they need signed weights).
 pub const Q8_X8_BIAS: u8 = 0;
@@ -605,6 +691,31 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved MXFP4 rows · one activation row: row k's result
+    /// is `dot_mxfp4` of row k, bit for bit (`mxfp4_r8_n!`).
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8(w: &[BlockMxfp4x8], x: ActRef) -> [f32; 8] {
+        mxfp4_r8_n!(1, w, [x], mxfp4_rows_isums)[0]
+    }
+
+    /// Eight interleaved MXFP4 rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x2(w: &[BlockMxfp4x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        mxfp4_r8_n!(2, w, xs, mxfp4_rows_isums)
+    }
+
+    /// Eight interleaved MXFP4 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x3(w: &[BlockMxfp4x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        mxfp4_r8_n!(3, w, xs, mxfp4_rows_isums)
+    }
+
+    /// Eight interleaved MXFP4 rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x4(w: &[BlockMxfp4x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        mxfp4_r8_n!(4, w, xs, mxfp4_rows_isums)
     }
 );
 

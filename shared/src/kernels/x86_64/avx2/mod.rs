@@ -33,8 +33,9 @@ impl Kernels for Avx2 {
     const Q8_X8_BIAS: u8 = int8::Q8_X8_BIAS;
     const INT8_PEAK: &'static str = "vpmaddubsw + vpmaddwd ymm";
     const KQUANT_ROWS8: bool = true;
+    const MXFP4_ROWS8: bool = true;
     entry_points!(float: f32_ops, kv_rows);
-    entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, int8_peak);
+    entry_points!(int8: int8_dots, int8_dots_x4, mxfp4_dots, rows8, mxfp4_rows8, int8_peak);
     entry_points!(kquant: kquant_dots, kquant_dots_x4);
     entry_points!(kquant_rows8: kquant_rows8);
     entry_points!(tiles: kquant_tiles);

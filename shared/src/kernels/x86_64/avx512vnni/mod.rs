@@ -18,13 +18,13 @@ mod tiles;
 pub(crate) use kquant_pairs::{dot_q4k_r8_x2, dot_q4k_r8_x4};
 
 use super::avx2::float as avx2_float;
-use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
+use super::avx2::int8::{bcast4, ld_rows, mxfp4_dot_n, mxfp4_r8_n, q4_dot_n, q8_dot_n, rows8_n, rows_nibbles};
 use super::avx2::kquant::{kmin_dot_n, q4k_codes, q5k_codes, q6k_dot_n};
 use super::avx2::kquant_rows8::{kmin_rows8_n, q4k_codes_r8, q5k_codes_r8, q6k_rows8_n};
 use crate::kernels::Kernels;
 use crate::quant::{
-    ActRef, BlockMxfp4, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8Act,
-    BlockQ8_0x8, Q4Block, Q8Block,
+    ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8,
+    BlockQ8Act, BlockQ8_0x8, Q4Block, Q8Block,
 };
 
 /// The AVX-512 VNNI kernel set (with AVX2's f32 kernels).
@@ -35,9 +35,10 @@ impl Kernels for Avx512Vnni {
     const Q8_X8_BIAS: u8 = Q8_X8_BIAS;
     const INT8_PEAK: &'static str = "vpdpbusd zmm";
     const KQUANT_ROWS8: bool = true;
+    const MXFP4_ROWS8: bool = true;
     entry_points!(avx2_float: f32_ops, kv_rows);
-    entry_points!(self: int8_dots, int8_dots_x4, mxfp4_dots, rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
-    entry_points!(tiles: tiles);
+    entry_points!(self: int8_dots, int8_dots_x4, mxfp4_dots, rows8, mxfp4_rows8, kquant_dots, kquant_dots_x4, kquant_rows8, int8_peak);
+    entry_points!(tiles: tiles, mxfp4_tiles);
     #[inline]
     fn prefetch(bytes: &[u8]) {
         super::prefetch(bytes)
@@ -156,6 +157,19 @@ isa_features!(
         });
         _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
     }
+
+    /// Eight rows' exact Σ v·q for one MXFP4 block (codes as v + 12,
+    /// avx2's `rows_mxfp4`): Σ (v + 12)·q − 12·Σq, the first by `vpdpbusd`
+    /// in two chains (|Σ| ≤ 32·24·128, no overflow).
+    #[inline]
+    fn mxfp4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
+        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let _ = unroll!(4, |g| {
+            lo = _mm256_dpbusd_epi32(lo, n[g].0, bcast4(x, g));
+            hi = _mm256_dpbusd_epi32(hi, n[g].1, bcast4(x, 4 + g));
+        });
+        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(12 * x.sum))
+    }
 );
 
 /// `kmin_rows8_n!` for Q5_K: the codes with their fifth bits (avx2's
@@ -245,6 +259,31 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
         rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+    }
+
+    /// Eight interleaved MXFP4 rows · one activation row: row k's result
+    /// is `dot_mxfp4` of row k, bit for bit (avx2's `mxfp4_r8_n!`).
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8(w: &[BlockMxfp4x8], x: ActRef) -> [f32; 8] {
+        mxfp4_r8_n!(1, w, [x], mxfp4_rows_isums)[0]
+    }
+
+    /// Eight interleaved MXFP4 rows · two activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x2(w: &[BlockMxfp4x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
+        mxfp4_r8_n!(2, w, xs, mxfp4_rows_isums)
+    }
+
+    /// Eight interleaved MXFP4 rows · three activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x3(w: &[BlockMxfp4x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
+        mxfp4_r8_n!(3, w, xs, mxfp4_rows_isums)
+    }
+
+    /// Eight interleaved MXFP4 rows · four activation rows.
+    #[inline]
+    pub(crate) fn dot_mxfp4_r8_x4(w: &[BlockMxfp4x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
+        mxfp4_r8_n!(4, w, xs, mxfp4_rows_isums)
     }
 );
 

@@ -16,18 +16,24 @@ use core::arch::x86_64::*;
 
 use half::f16;
 
-use super::super::avx2::int8::ld_rows;
+use super::super::avx2::int8::{ld_rows, MXFP4_PLUS_12};
 use super::super::avx2::kquant_rows8::act_halves;
-use crate::quant::{ActRef, BlockQ4Kx8, BlockQ4_0x8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
+use crate::quant::{ActRef, BlockMxfp4x8, BlockQ4Kx8, BlockQ4_0x8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8Act, BlockQ8_0x8};
 
-/// The loop of `tile_q8` / `tile_q4` for `$n` tokens: `|b0, b1| weights`
+/// The loop of `tile_q8` / `tile_q4` / `tile_mxfp4` for `$n` tokens: `|b0, b1| weights`
 /// gives a block's eight weight vectors (groups 0 and 1 of block b, four
 /// weights of a row per lane, unsigned; vector i pairs with the activation
 /// quants 4·i to 4·i + 3), `$bias` what they add to each product's weight
-/// (Σ = Σ (w + bias)·q − bias·Σq). A macro so that it is inlined into
+/// (Σ = Σ (w + bias)·q − bias·Σq), `|b0, b1| scales` the sixteen rows'
+/// scales (f16 `d` when not given). A macro so that it is inlined into
 /// the target-feature functions with `$n` a constant.
 macro_rules! tile16_n {
-    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {{
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr) => {
+        tile16_n!($n, $w, $nb, $xs, $out, |$b0, $b1| $weights, $bias, |s0, s1| scales16(&s0.d, &s1.d))
+    };
+    // `|b0, b1| scales`: the two groups' sixteen row scales as f32 lanes.
+    ($n:tt, $w:expr, $nb:expr, $xs:expr, $out:expr, |$b0:ident, $b1:ident| $weights:expr, $bias:expr,
+     |$s0:ident, $s1:ident| $scales:expr) => {{
         let (nb, xs, out) = ($nb, $xs, $out);
         let (w0, w1) = (&$w[..nb], &$w[nb..2 * nb]);
         let xs: [&[BlockQ8Act]; $n] = unroll!($n, |t| &xs[t].blocks()[..nb]);
@@ -38,7 +44,10 @@ macro_rules! tile16_n {
             while b < nb {
                 let ($b0, $b1) = (&w0[b], &w1[b]);
                 let wv: [__m512i; 8] = $weights;
-                let dw = scales16(&$b0.d, &$b1.d);
+                let dw = {
+                    let ($s0, $s1) = ($b0, $b1);
+                    $scales
+                };
                 let _ = unroll!($n, |t| {
                     let x = &xs[t][b];
                     let mut s = _mm512_set1_epi32(-$bias * x.sum);
@@ -177,6 +186,16 @@ isa_features!(
         _mm512_cvtph_ps(_mm256_set_m128i(b, a))
     }
 
+    /// Two groups' E8M0 scales as sixteen f32 lanes, `quant::e8m0_half`
+    /// bit for bit (avx2's `scales_e8m0`).
+    #[inline]
+    fn scales16_e8m0(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
+        let v = _mm512_cvtepu8_epi32(_mm_set_epi64x(i64::from_le_bytes(*b), i64::from_le_bytes(*a)));
+        let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(v, _mm512_set1_epi32(1)));
+        let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), v);
+        _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(1)), subnormal, normal)
+    }
+
     /// Sixteen unsigned bytes (groups 0 and 1's, one per row) as i32 lanes.
     #[inline]
     pub(super) fn lanes16_u8(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
@@ -290,6 +309,30 @@ isa_features!(
                 [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
             },
             8
+        )
+    }
+
+    /// Two interleaved MXFP4 groups · up to eight tokens: as `tile_q4`, the
+    /// nibbles looked up as v + 12 (`MXFP4_PLUS_12`), the E8M0 scales
+    /// (`scales16_e8m0`).
+    pub(crate) fn tile_mxfp4(w: &[BlockMxfp4x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
+        let m = _mm512_set1_epi8(0x0f);
+        // SAFETY: MXFP4_PLUS_12 is 16 readable bytes; loadu needs no alignment.
+        let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(MXFP4_PLUS_12.as_ptr().cast()) });
+        tile16!(
+            tile16_n,
+            w,
+            nb,
+            xs,
+            out,
+            |b0, b1| {
+                let v = unroll!(4, |i| ld_pair(&b0.qs, &b1.qs, i));
+                let lo = unroll!(4, |i| _mm512_shuffle_epi8(table, _mm512_and_si512(v[i], m)));
+                let hi = unroll!(4, |i| _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(v[i]), m)));
+                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            },
+            12,
+            |b0, b1| _mm512_castsi512_ps(scales16_e8m0(&b0.e, &b1.e))
         )
     }
 
