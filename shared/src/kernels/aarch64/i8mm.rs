@@ -26,7 +26,7 @@ pub struct I8mm;
 impl Kernels for I8mm {
     entry_points!(neon_imp: f32_ops);
     entry_points!(imp: int8_dots);
-    entry_points!(dotprod_imp: int8_dots_x4, kquant_dots, kquant_dots_x4, dot_mxfp4);
+    entry_points!(dotprod_imp: int8_dots_x4, kquant_dots, kquant_dots_x4, mxfp4_dots);
 }
 
 pub mod imp {

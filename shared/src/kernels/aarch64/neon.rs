@@ -28,14 +28,15 @@ pub struct Neon;
 
 impl Kernels for Neon {
     entry_points!(imp: f32_ops);
-    entry_points!(imp: int8_dots, int8_dots_x4, dot_mxfp4);
+    entry_points!(imp: int8_dots, int8_dots_x4, mxfp4_dots);
     entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
 /// The quantised dots of an AArch64 set that sums blocks with
-/// `sum_blocks_n` and K-quant sub-blocks with `kquant`: `dot_q8`, `dot_q4`
-/// (one row) and `dot_q8_x4`, `dot_q4_x4` (four rows, each weight block
-/// loaded once) with `$dot32` as one block's 32 products in four i32 lanes;
+/// `sum_blocks_n` and K-quant sub-blocks with `kquant`: `dot_q8`, `dot_q4`,
+/// `dot_mxfp4` (one row) and `dot_q8_x4`, `dot_q4_x4`, `dot_mxfp4_x4` (four
+/// rows, each weight block loaded once) with `$dot32` as one block's 32
+/// products in four i32 lanes;
 /// `dot_q4k`, `dot_q5k`, `dot_q6k` and their `_x4` forms (each super-block's
 /// codes unpacked once for the four rows) with `$dot16` as the 16-byte dot.
 /// Every row's result is the one-row bits. The NEON (`smull` + `sadalp`) and
@@ -68,6 +69,20 @@ macro_rules! quantised_dots {
             #[inline]
             pub(crate) fn dot_q4_x4<B: $crate::quant::Q4Block>(w: &[B], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
                 $crate::kernels::aarch64::neon::imp::dot_q4_with(w, xs, |a, b| $dot32(a, b))
+            }
+
+            /// MXFP4 weights · Q8 activations: the values looked up into int8
+            /// (`mxfp4_halves`), then as `dot_q8`.
+            #[inline]
+            pub(crate) fn dot_mxfp4(w: &[$crate::quant::BlockMxfp4], x: $crate::quant::ActRef) -> f32 {
+                debug_assert_eq!(w.len(), x.len());
+                $crate::kernels::aarch64::neon::imp::dot_mxfp4_with(w, [x], |a, b| $dot32(a, b))[0]
+            }
+
+            /// `dot_mxfp4` of one weight row with four activation rows.
+            #[inline]
+            pub(crate) fn dot_mxfp4_x4(w: &[$crate::quant::BlockMxfp4], xs: [$crate::quant::ActRef; 4]) -> [f32; 4] {
+                $crate::kernels::aarch64::neon::imp::dot_mxfp4_with(w, xs, |a, b| $dot32(a, b))
             }
 
             /// Q4_K weights · Q8 activations (`kquant`).
@@ -362,20 +377,13 @@ pub mod imp {
         /// `dot_mxfp4` with `blk(w, x)` as in `dot_q8_with` (weights as their
         /// looked-up values, the E8M0 scales as f32 bits).
         #[inline]
-        pub(crate) fn dot_mxfp4_with(
+        pub(crate) fn dot_mxfp4_with<const N: usize>(
             w: &[BlockMxfp4],
-            x: ActRef,
+            xs: [ActRef; N],
             blk: impl Fn([int8x16_t; 2], [int8x16_t; 2]) -> int32x4_t,
-        ) -> f32 {
-            let n = w.len().min(x.len());
-            dot_blocks(n, [x], false, |b| e8m0_half_bits(w[b].e), |b| mxfp4_halves(&w[b]), blk)[0]
-        }
-
-        /// MXFP4 weights · Q8 activations: the values looked up into int8, then as `dot_q8`.
-        #[inline]
-        pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_mxfp4_with(w, x, |a, b| dot32(a, b))
+        ) -> [f32; N] {
+            let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+            dot_blocks(n, xs, false, |b| e8m0_half_bits(w[b].e), |b| mxfp4_halves(&w[b]), blk)
         }
 
         /// `dot_q4` with `blk(w, x)` as in `dot_q8_with` (weights as `nibble − 8`).

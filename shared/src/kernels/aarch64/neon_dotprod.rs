@@ -17,18 +17,16 @@ pub struct NeonDotprod;
 
 impl Kernels for NeonDotprod {
     entry_points!(neon_imp: f32_ops);
-    entry_points!(imp: int8_dots, int8_dots_x4, dot_mxfp4);
+    entry_points!(imp: int8_dots, int8_dots_x4, mxfp4_dots);
     entry_points!(imp: kquant_dots, kquant_dots_x4);
 }
 
 pub mod imp {
-    use super::super::neon::imp::dot_mxfp4_with;
     use super::super::neon::quantised_dots;
-    use crate::quant::{ActRef, BlockMxfp4};
     use core::arch::aarch64::*;
     use core::arch::asm;
 
-    // the i8mm and SVE builds take the four-row forms and the K-quant dots too
+    // the i8mm and SVE builds take the four-row forms, the MXFP4 dots and the K-quant dots too
     quantised_dots!(dot32, sdot);
 
     isa_features!(
@@ -56,15 +54,6 @@ pub mod imp {
         #[inline]
         pub(crate) fn dot32(w: [int8x16_t; 2], x: [int8x16_t; 2]) -> int32x4_t {
             sdot(sdot(vdupq_n_s32(0), w[0], x[0]), w[1], x[1])
-        }
-
-        /// MXFP4 weights · Q8 activations: the values looked up into int8
-        /// (`neon::imp::mxfp4_halves`), the block sums with `sdot`. The i8mm
-        /// and SVE builds use it too.
-        #[inline]
-        pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
-            debug_assert_eq!(w.len(), x.len());
-            dot_mxfp4_with(w, x, |a, b| dot32(a, b))
         }
     );
 
