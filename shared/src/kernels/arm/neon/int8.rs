@@ -294,87 +294,99 @@ fn scale_scalar(lanes: &mut [f32; 8], b0: usize, sums: &[i32], dw: impl Fn(usize
     }
 }
 
-/// Σ_b (d_w·d_x)·isum_b over `n` blocks in `portable`'s order: block b into
-/// lane b % 8 (multiply, multiply, add), the lanes combined as
+/// Σ_b (d_w·d_x)·isum_b over `n` blocks in `portable`'s order for N
+/// activation rows (one token, or four of a prompt): block b into lane b %
+/// 8 (multiply, multiply, add), the lanes combined as
 /// `portable::combine8`. The exact sums come `CHUNK` blocks at a time from
-/// `isums(b0, out)`; `bits(b)` is weight block b's scale (f16 bits when
-/// `f16`); the activation scales come from `x`'s contiguous array when it
-/// has one, else from its blocks. Whole groups of eight blocks are scaled in
-/// NEON (`scale8`), the last n % 8 in scalar code; if `scale8` finds a scale
-/// that NEON's flush-to-zero could misread, the whole sum is redone in
-/// scalar code.
+/// `isums(t, b0, out)` for row t, each chunk for all N rows in turn, so
+/// the chunk's weights (at most 64 blocks, 2.2 KB) come from memory once
+/// and from the L1 cache for the other rows; `bits(b)` is weight block b's
+/// scale (f16 bits when `f16`); the activation scales come from a row's
+/// contiguous array when it has one, else from its blocks. Whole groups of
+/// eight blocks are scaled in NEON (`scale8`), the last n % 8 in scalar
+/// code; if `scale8` finds a scale that NEON's flush-to-zero could misread
+/// for a row, that row's sum is redone in scalar code. Each row's
+/// operations are the one-row form's, so its result is the same bits.
 #[inline]
-fn scaled_sum(
+fn scaled_sum<const N: usize>(
     n: usize,
-    x: ActRef,
+    xs: [ActRef; N],
     f16: bool,
     bits: impl Fn(usize) -> u32,
-    mut isums: impl FnMut(usize, &mut [i32]),
-) -> f32 {
-    let (side, xb) = (x.has_side(), x.blocks());
+    mut isums: impl FnMut(usize, usize, &mut [i32]),
+) -> [f32; N] {
     let dw = |b: usize| if f16 { f16_bits_to_f32(bits(b) as u16) } else { f32::from_bits(bits(b)) };
-    let dx = |b: usize| if side { x.d[b] } else { xb[b].d };
-    let mut lanes = [0.0f32; 8];
+    let mut lanes = [[0.0f32; 8]; N];
     let (mut sums, mut wbits, mut dxs) = ([0i32; CHUNK], [0u32; CHUNK], [0.0f32; CHUNK]);
     let n8 = n / 8 * 8;
-    let mut exact = true;
+    let mut exact = [true; N];
     for b0 in (0..n8).step_by(CHUNK) {
         let m = CHUNK.min(n8 - b0);
-        isums(b0, &mut sums[..m]);
         for (k, v) in wbits[..m].iter_mut().enumerate() {
             *v = bits(b0 + k);
         }
-        let d = if side {
-            &x.d[b0..b0 + m]
-        } else {
-            for (v, b) in dxs[..m].iter_mut().zip(&xb[b0..b0 + m]) {
-                *v = b.d;
-            }
-            &dxs[..m]
-        };
-        exact &= scale8(f16, &sums[..m], &wbits[..m], d, &mut lanes);
-    }
-    if !exact {
-        lanes = [0.0; 8];
-        for b0 in (0..n8).step_by(CHUNK) {
-            let sums = &mut sums[..CHUNK.min(n8 - b0)];
-            isums(b0, sums);
-            scale_scalar(&mut lanes, b0, sums, dw, dx);
+        for (t, x) in xs.iter().enumerate() {
+            isums(t, b0, &mut sums[..m]);
+            let d = if x.has_side() {
+                &x.d[b0..b0 + m]
+            } else {
+                for (v, b) in dxs[..m].iter_mut().zip(&x.blocks()[b0..b0 + m]) {
+                    *v = b.d;
+                }
+                &dxs[..m]
+            };
+            exact[t] &= scale8(f16, &sums[..m], &wbits[..m], d, &mut lanes[t]);
         }
     }
-    if n8 < n {
-        let sums = &mut sums[..n - n8];
-        isums(n8, sums);
-        scale_scalar(&mut lanes, n8, sums, dw, dx);
+    for (t, x) in xs.iter().enumerate() {
+        let (side, xb) = (x.has_side(), x.blocks());
+        let dx = |b: usize| if side { x.d[b] } else { xb[b].d };
+        if !exact[t] {
+            lanes[t] = [0.0; 8];
+            for b0 in (0..n8).step_by(CHUNK) {
+                let sums = &mut sums[..CHUNK.min(n8 - b0)];
+                isums(t, b0, sums);
+                scale_scalar(&mut lanes[t], b0, sums, dw, dx);
+            }
+        }
+        if n8 < n {
+            let sums = &mut sums[..n - n8];
+            isums(t, n8, sums);
+            scale_scalar(&mut lanes[t], n8, sums, dw, dx);
+        }
     }
-    combine8(lanes)
+    lanes.map(combine8)
 }
 
-/// Q8 weights · Q8 activations: exact per-block integer sums in NEON, scaled
-/// and summed in `portable`'s order (bit-identical).
+/// Q8 weights · Q8 activations for N activation rows: exact per-block
+/// integer sums in NEON, scaled and summed in `portable`'s order
+/// (bit-identical; N = 1 is `dot_q8`).
 #[inline]
-pub(crate) fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-    let x = x.into();
-    debug_assert_eq!(w.len(), x.len());
-    let (n, xb) = (w.len().min(x.len()), x.blocks());
-    scaled_sum(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b0, out| isums_q8(&w[b0..], &xb[b0..], out))
+pub(crate) fn dot_q8_n<B: Q8Block, const N: usize>(w: &[B], xs: [ActRef; N]) -> [f32; N] {
+    debug_assert!(xs.iter().all(|x| x.len() == w.len()));
+    let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+    let xb = xs.map(|x| x.blocks());
+    scaled_sum(n, xs, B::F16_SCALE, |b| w[b].scale_bits(), |t, b0, out| isums_q8(&w[b0..], &xb[t][b0..], out))
 }
 
-/// Q4 weights · Q8 activations: Σ (nibble − 8)·q per block (exact), scaled as `dot_q8`.
+/// Q4 weights · Q8 activations for N activation rows: Σ (nibble − 8)·q per
+/// block (exact), scaled as `dot_q8_n`.
 #[inline]
-pub(crate) fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-    let x = x.into();
-    debug_assert_eq!(w.len(), x.len());
-    let (n, xb) = (w.len().min(x.len()), x.blocks());
-    scaled_sum(n, x, B::F16_SCALE, |b| w[b].scale_bits(), |b0, out| isums_q4(&w[b0..], &xb[b0..], out))
+pub(crate) fn dot_q4_n<B: Q4Block, const N: usize>(w: &[B], xs: [ActRef; N]) -> [f32; N] {
+    debug_assert!(xs.iter().all(|x| x.len() == w.len()));
+    let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+    let xb = xs.map(|x| x.blocks());
+    scaled_sum(n, xs, B::F16_SCALE, |b| w[b].scale_bits(), |t, b0, out| isums_q4(&w[b0..], &xb[t][b0..], out))
 }
 
-/// MXFP4 weights · Q8 activations: the values looked up into int8, then as `dot_q8`.
+/// MXFP4 weights · Q8 activations for N activation rows: the values looked
+/// up into int8, then as `dot_q8_n`.
 #[inline]
-pub(crate) fn dot_mxfp4(w: &[BlockMxfp4], x: ActRef) -> f32 {
-    debug_assert_eq!(w.len(), x.len());
-    let (n, xb) = (w.len().min(x.len()), x.blocks());
-    scaled_sum(n, x, false, |b| e8m0_half_bits(w[b].e), |b0, out| isums_mxfp4(&w[b0..], &xb[b0..], out))
+pub(crate) fn dot_mxfp4_n<const N: usize>(w: &[BlockMxfp4], xs: [ActRef; N]) -> [f32; N] {
+    debug_assert!(xs.iter().all(|x| x.len() == w.len()));
+    let n = xs.iter().fold(w.len(), |n, x| n.min(x.len()));
+    let xb = xs.map(|x| x.blocks());
+    scaled_sum(n, xs, false, |b| e8m0_half_bits(w[b].e), |t, b0, out| isums_mxfp4(&w[b0..], &xb[t][b0..], out))
 }
 
 #[cfg(test)]
@@ -417,8 +429,13 @@ mod tests {
                         })
                         .collect();
                     let xq = ActQ8::from_blocks(x);
-                    let (got, want) = (dot_q8(&w, &xq), Portable::dot_q8(&w, &xq));
+                    let (got, want) = (dot_q8_n(&w, [xq.as_ref()])[0], Portable::dot_q8(&w, &xq));
                     assert_eq!(got.to_bits(), want.to_bits(), "nb={nb} w scale {sw:e} x scale {sx:e}");
+                    // four rows, the flush-to-zero fallback taken by some rows only
+                    let plain = ActQ8::quantize(&vec![1.0; nb * 32]);
+                    let four = dot_q8_n(&w, [plain.as_ref(), xq.as_ref(), plain.as_ref(), xq.as_ref()]);
+                    let p = Portable::dot_q8(&w, &plain);
+                    assert_eq!(four.map(f32::to_bits), [p, want, p, want].map(f32::to_bits), "x4 nb={nb}");
                 }
             }
         }

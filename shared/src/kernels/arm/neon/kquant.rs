@@ -319,30 +319,38 @@ fn scale_q4k_q5k(
     }
 }
 
-/// Q4_K or Q5_K (`q5`) weights · Q8 activations: the exact sub-block sums
-/// in asm, then `scale_q4k_q5k`; `head(b)` is a block's d, dmin and scales.
+/// Q4_K or Q5_K (`q5`) weights · Q8 activations for N activation rows (one
+/// token, or four of a prompt): the exact sub-block sums in asm, then
+/// `scale_q4k_q5k`; `head(b)` is a block's d, dmin and scales. Each chunk of
+/// `CHUNK` super-blocks is summed for all N rows in turn (its weights from
+/// memory once, then from the L1 cache), each row with the one-row
+/// operations: the same bits.
 ///
 /// # Safety
 /// The CPU must have NEON (the armv7 build's start-up guard ensures it).
 #[inline(always)]
-unsafe fn dot_kmin<B: bytemuck::Pod>(
+unsafe fn dot_kmin<B: bytemuck::Pod, const N: usize>(
     w: &[B],
-    x: ActRef,
+    xs: [ActRef; N],
     q5: bool,
     head: impl Fn(&B) -> (half::f16, half::f16, [u8; 12]),
-) -> f32 {
-    debug_assert_eq!(w.len() * 8, x.len());
-    let xb = x.blocks();
-    assert!(xb.len() >= 8 * w.len());
-    let mut acc = [0.0f32; 8];
+) -> [f32; N] {
+    let xb = xs.map(|x| x.blocks());
+    for x in &xb {
+        debug_assert_eq!(w.len() * 8, x.len());
+        assert!(x.len() >= 8 * w.len());
+    }
+    let mut acc = [[0.0f32; 8]; N];
     let mut sums = [0i32; 8 * CHUNK];
     for s0 in (0..w.len()).step_by(CHUNK) {
         let m = CHUNK.min(w.len() - s0);
-        // SAFETY: NEON is this function's contract.
-        unsafe { isums_q4k_q5k(q5, bytemuck::cast_slice(&w[s0..]), &xb[8 * s0..], &mut sums[..8 * m]) };
-        scale_q4k_q5k(&mut acc, &sums[..8 * m], xb, s0, |s| head(&w[s]));
+        for (acc, xb) in acc.iter_mut().zip(&xb) {
+            // SAFETY: NEON is this function's contract.
+            unsafe { isums_q4k_q5k(q5, bytemuck::cast_slice(&w[s0..]), &xb[8 * s0..], &mut sums[..8 * m]) };
+            scale_q4k_q5k(acc, &sums[..8 * m], xb, s0, |s| head(&w[s]));
+        }
     }
-    combine8(acc)
+    acc.map(combine8)
 }
 
 /// Q4_K weights · Q8 activations, bit-identical to `Portable::dot_q4k`.
@@ -352,7 +360,17 @@ unsafe fn dot_kmin<B: bytemuck::Pod>(
 #[inline]
 pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
     // SAFETY: NEON is this function's contract.
-    unsafe { dot_kmin(w, x, false, |b| (b.d, b.dmin, b.scales)) }
+    unsafe { dot_kmin(w, [x], false, |b| (b.d, b.dmin, b.scales))[0] }
+}
+
+/// `dot_q4k` of one weight row with four activation rows.
+///
+/// # Safety
+/// The CPU must have NEON (the armv7 build's start-up guard ensures it).
+#[inline]
+pub(crate) unsafe fn dot_q4k_x4(w: &[BlockQ4K], xs: [ActRef; 4]) -> [f32; 4] {
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_kmin(w, xs, false, |b| (b.d, b.dmin, b.scales)) }
 }
 
 /// Q5_K weights · Q8 activations, bit-identical to `Portable::dot_q5k`.
@@ -362,7 +380,49 @@ pub(crate) unsafe fn dot_q4k(w: &[BlockQ4K], x: ActRef) -> f32 {
 #[inline]
 pub(crate) unsafe fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
     // SAFETY: NEON is this function's contract.
-    unsafe { dot_kmin(w, x, true, |b| (b.d, b.dmin, b.scales)) }
+    unsafe { dot_kmin(w, [x], true, |b| (b.d, b.dmin, b.scales))[0] }
+}
+
+/// `dot_q5k` of one weight row with four activation rows.
+///
+/// # Safety
+/// The CPU must have NEON (the armv7 build's start-up guard ensures it).
+#[inline]
+pub(crate) unsafe fn dot_q5k_x4(w: &[BlockQ5K], xs: [ActRef; 4]) -> [f32; 4] {
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_kmin(w, xs, true, |b| (b.d, b.dmin, b.scales)) }
+}
+
+/// Q6_K weights · Q8 activations for N activation rows, each chunk of
+/// super-blocks for all N rows in turn (as `dot_kmin`).
+///
+/// # Safety
+/// The CPU must have NEON (the armv7 build's start-up guard ensures it).
+#[inline(always)]
+unsafe fn dot_q6k_n<const N: usize>(w: &[BlockQ6K], xs: [ActRef; N]) -> [f32; N] {
+    let xb = xs.map(|x| x.blocks());
+    for x in &xb {
+        debug_assert_eq!(w.len() * 8, x.len());
+        assert!(x.len() >= 8 * w.len());
+    }
+    let mut acc = [[0.0f32; 8]; N];
+    let mut sums = [0i32; 16 * CHUNK];
+    for s0 in (0..w.len()).step_by(CHUNK) {
+        let m = CHUNK.min(w.len() - s0);
+        for (acc, xb) in acc.iter_mut().zip(&xb) {
+            // SAFETY: NEON is this function's contract.
+            unsafe { isums_q6k(&w[s0..], &xb[8 * s0..], &mut sums[..16 * m]) };
+            for (k, g) in sums[..16 * m].chunks_exact(16).enumerate() {
+                let bw = &w[s0 + k];
+                let d = bw.d.to_f32();
+                for (j, bx) in xb[8 * (s0 + k)..8 * (s0 + k) + 8].iter().enumerate() {
+                    let isum = bw.scales[2 * j] as i32 * g[2 * j] + bw.scales[2 * j + 1] as i32 * g[2 * j + 1];
+                    acc[j] += (d * bx.d) * isum as f32;
+                }
+            }
+        }
+    }
+    acc.map(combine8)
 }
 
 /// Q6_K weights · Q8 activations, bit-identical to `Portable::dot_q6k`.
@@ -371,25 +431,18 @@ pub(crate) unsafe fn dot_q5k(w: &[BlockQ5K], x: ActRef) -> f32 {
 /// The CPU must have NEON (the armv7 build's start-up guard ensures it).
 #[inline]
 pub(crate) unsafe fn dot_q6k(w: &[BlockQ6K], x: ActRef) -> f32 {
-    debug_assert_eq!(w.len() * 8, x.len());
-    let xb = x.blocks();
-    assert!(xb.len() >= 8 * w.len());
-    let mut acc = [0.0f32; 8];
-    let mut sums = [0i32; 16 * CHUNK];
-    for s0 in (0..w.len()).step_by(CHUNK) {
-        let m = CHUNK.min(w.len() - s0);
-        // SAFETY: NEON is this function's contract.
-        unsafe { isums_q6k(&w[s0..], &xb[8 * s0..], &mut sums[..16 * m]) };
-        for (k, g) in sums[..16 * m].chunks_exact(16).enumerate() {
-            let bw = &w[s0 + k];
-            let d = bw.d.to_f32();
-            for (j, bx) in xb[8 * (s0 + k)..8 * (s0 + k) + 8].iter().enumerate() {
-                let isum = bw.scales[2 * j] as i32 * g[2 * j] + bw.scales[2 * j + 1] as i32 * g[2 * j + 1];
-                acc[j] += (d * bx.d) * isum as f32;
-            }
-        }
-    }
-    combine8(acc)
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_q6k_n(w, [x])[0] }
+}
+
+/// `dot_q6k` of one weight row with four activation rows.
+///
+/// # Safety
+/// The CPU must have NEON (the armv7 build's start-up guard ensures it).
+#[inline]
+pub(crate) unsafe fn dot_q6k_x4(w: &[BlockQ6K], xs: [ActRef; 4]) -> [f32; 4] {
+    // SAFETY: NEON is this function's contract.
+    unsafe { dot_q6k_n(w, xs) }
 }
 
 #[cfg(test)]

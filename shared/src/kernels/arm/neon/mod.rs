@@ -143,13 +143,22 @@ impl Kernels for Armv7Neon {
         float::exp(x)
     }
     fn dot_q8<'a, B: Q8Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-        int8::dot_q8(w, x.into())
+        int8::dot_q8_n(w, [x.into()])[0]
     }
     fn dot_q4<'a, B: Q4Block>(w: &[B], x: impl Into<ActRef<'a>>) -> f32 {
-        int8::dot_q4(w, x.into())
+        int8::dot_q4_n(w, [x.into()])[0]
     }
     fn dot_mxfp4(w: &[crate::quant::BlockMxfp4], x: ActRef) -> f32 {
-        int8::dot_mxfp4(w, x)
+        int8::dot_mxfp4_n(w, [x])[0]
     }
-    entry_points!(kquant: kquant_dots);
+    fn dot_q8_x4<B: Q8Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        int8::dot_q8_n(w, xs)
+    }
+    fn dot_q4_x4<B: Q4Block>(w: &[B], xs: [ActRef; 4]) -> [f32; 4] {
+        int8::dot_q4_n(w, xs)
+    }
+    fn dot_mxfp4_x4(w: &[crate::quant::BlockMxfp4], xs: [ActRef; 4]) -> [f32; 4] {
+        int8::dot_mxfp4_n(w, xs)
+    }
+    entry_points!(kquant: kquant_dots, kquant_dots_x4);
 }
