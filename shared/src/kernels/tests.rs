@@ -213,7 +213,7 @@ fn eight_row_dots_equal_single_row_dots() {
 /// Tokens the tile tests and benchmark give a tile call: the set's
 /// `TILE_TOKENS`, or four for a set without tile kernels (the default).
 #[allow(clippy::absurd_extreme_comparisons)] // TILE_TOKENS is 0 in some sets
-const TILE_TEST_TOKENS: usize = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
+pub(super) const TILE_TEST_TOKENS: usize = if Arch::TILE_TOKENS > 4 { Arch::TILE_TOKENS } else { 4 };
 
 #[test]
 fn prompt_tiles_equal_single_row_dots() {

@@ -146,29 +146,18 @@ isa_features!(
         q6k_dot_n!(4, w, xs, |u, s| block_dot(u, s))
     }
 
-    /// Eight rows' exact Σ nibble·q − 8·Σq for one interleaved Q4 block:
-    /// unsigned nibbles straight into `vpdpbusd` (two chains), lanes = rows.
+    /// Eight rows' exact Σ (c − BIAS)·q for one interleaved block of unsigned
+    /// 4-bit-sized codes c (Q4's nibbles, BIAS 8; MXFP4's values + 12 from
+    /// avx2's `rows_mxfp4`, BIAS 12): Σ c·q by `vpdpbusd` in two chains
+    /// (|Σ| ≤ 32·24·128, no overflow), then BIAS·Σq off; lanes = rows.
     #[inline]
-    fn q4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
+    fn biased_rows_isums<const BIAS: i32>(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
         let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let _ = unroll!(4, |g| {
             lo = _mm256_dpbusd_epi32(lo, n[g].0, bcast4(x, g));
             hi = _mm256_dpbusd_epi32(hi, n[g].1, bcast4(x, 4 + g));
         });
-        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(8 * x.sum))
-    }
-
-    /// Eight rows' exact Σ v·q for one MXFP4 block (codes as v + 12,
-    /// avx2's `rows_mxfp4`): Σ (v + 12)·q − 12·Σq, the first by `vpdpbusd`
-    /// in two chains (|Σ| ≤ 32·24·128, no overflow).
-    #[inline]
-    fn mxfp4_rows_isums(n: &[(__m256i, __m256i); 4], x: &BlockQ8Act) -> __m256i {
-        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        let _ = unroll!(4, |g| {
-            lo = _mm256_dpbusd_epi32(lo, n[g].0, bcast4(x, g));
-            hi = _mm256_dpbusd_epi32(hi, n[g].1, bcast4(x, 4 + g));
-        });
-        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(12 * x.sum))
+        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(BIAS * x.sum))
     }
 );
 
@@ -222,7 +211,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
     #[inline]
     pub(crate) fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
-        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
+        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))[0]
     }
 
     /// Eight interleaved Q8 rows · two activation rows, the weights loaded once per block.
@@ -234,7 +223,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · two activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
-        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · three activation rows.
@@ -246,7 +235,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
@@ -258,32 +247,32 @@ isa_features!(
     /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved MXFP4 rows · one activation row: row k's result
     /// is `dot_mxfp4` of row k, bit for bit (avx2's `mxfp4_r8_n!`).
     #[inline]
     pub(crate) fn dot_mxfp4_r8(w: &[BlockMxfp4x8], x: ActRef) -> [f32; 8] {
-        mxfp4_r8_n!(1, w, [x], mxfp4_rows_isums)[0]
+        mxfp4_r8_n!(1, w, [x], biased_rows_isums::<12>)[0]
     }
 
     /// Eight interleaved MXFP4 rows · two activation rows.
     #[inline]
     pub(crate) fn dot_mxfp4_r8_x2(w: &[BlockMxfp4x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
-        mxfp4_r8_n!(2, w, xs, mxfp4_rows_isums)
+        mxfp4_r8_n!(2, w, xs, biased_rows_isums::<12>)
     }
 
     /// Eight interleaved MXFP4 rows · three activation rows.
     #[inline]
     pub(crate) fn dot_mxfp4_r8_x3(w: &[BlockMxfp4x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        mxfp4_r8_n!(3, w, xs, mxfp4_rows_isums)
+        mxfp4_r8_n!(3, w, xs, biased_rows_isums::<12>)
     }
 
     /// Eight interleaved MXFP4 rows · four activation rows.
     #[inline]
     pub(crate) fn dot_mxfp4_r8_x4(w: &[BlockMxfp4x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        mxfp4_r8_n!(4, w, xs, mxfp4_rows_isums)
+        mxfp4_r8_n!(4, w, xs, biased_rows_isums::<12>)
     }
 );
 

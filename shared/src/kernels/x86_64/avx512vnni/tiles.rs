@@ -189,11 +189,12 @@ isa_features!(
     /// Two groups' E8M0 scales as sixteen f32 lanes, `quant::e8m0_half`
     /// bit for bit (avx2's `scales_e8m0`).
     #[inline]
-    fn scales16_e8m0(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
+    fn scales16_e8m0(a: &[u8; 8], b: &[u8; 8]) -> __m512 {
         let v = _mm512_cvtepu8_epi32(_mm_set_epi64x(i64::from_le_bytes(*b), i64::from_le_bytes(*a)));
         let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(v, _mm512_set1_epi32(1)));
         let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), v);
-        _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(1)), subnormal, normal)
+        let is_normal = _mm512_cmpgt_epi32_mask(v, _mm512_set1_epi32(1));
+        _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_normal, subnormal, normal))
     }
 
     /// Sixteen unsigned bytes (groups 0 and 1's, one per row) as i32 lanes.
@@ -332,7 +333,7 @@ isa_features!(
                 [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
             },
             12,
-            |b0, b1| _mm512_castsi512_ps(scales16_e8m0(&b0.e, &b1.e))
+            |b0, b1| scales16_e8m0(&b0.e, &b1.e)
         )
     }
 
