@@ -725,7 +725,8 @@ fn int8_peak_counts_its_products() {
 #[ignore]
 fn bench_tiles() {
     use crate::quant::{
-        repack_q4_x8, repack_q4k_x8, repack_q5k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ5K, BlockQ6K,
+        repack_mxfp4_x8, repack_q4_x8, repack_q4k_x8, repack_q5k_x8, repack_q6k_x8, repack_q8_x8, BlockQ4K, BlockQ5K,
+        BlockQ6K,
     };
     let mut rng = Rng(5);
     let peak = {
@@ -771,6 +772,7 @@ fn bench_tiles() {
             })
             .collect();
         let p6 = repack_q6k_x8(&w6, nbs, "bench").unwrap();
+        let pm = repack_mxfp4_x8(&super::tests_mxfp4::mxfp4_blocks(&mut rng, 16 * nb, 120, 8), nb, "bench").unwrap();
         let acts: Vec<ActQ8> = (0..64).map(|_| act(&mut rng, nb).1).collect();
         let macs = (16 * cols * acts.len()) as f64;
         // best of 20 passes of `run` over the 64 tokens in runs of `n`
@@ -798,7 +800,8 @@ fn bench_tiles() {
                 1 => Arch::tile_q8(&p8, nb, xs, o),
                 2 => Arch::tile_q4k(&pk, nbs, xs, o),
                 3 => Arch::tile_q5k(&p5, nbs, xs, o),
-                _ => Arch::tile_q6k(&p6, nbs, xs, o),
+                4 => Arch::tile_q6k(&p6, nbs, xs, o),
+                _ => Arch::tile_mxfp4(&pm, nb, xs, o),
             }
             std::hint::black_box(&out);
             out[0][0]
@@ -809,6 +812,7 @@ fn bench_tiles() {
         time("tile_q4k", n, &mut |xs| tile(2, xs));
         time("tile_q5k", n, &mut |xs| tile(3, xs));
         time("tile_q6k", n, &mut |xs| tile(4, xs));
+        time("tile_mxfp4", n, &mut |xs| tile(5, xs));
         time("dot_q4_r8_x4", 4, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q4_r8_x4(&p4[g * nb..(g + 1) * nb], four(xs)))[0][0]).sum()
         });
@@ -825,6 +829,9 @@ fn bench_tiles() {
         });
         time("dot_q5k_r8", 1, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q5k_r8(&p5[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()
+        });
+        time("dot_mxfp4_r8", 1, &mut |xs| {
+            (0..2).map(|g| std::hint::black_box(Arch::dot_mxfp4_r8(&pm[g * nb..(g + 1) * nb], xs[0]))[0]).sum()
         });
         time("dot_q6k_r8", 1, &mut |xs| {
             (0..2).map(|g| std::hint::black_box(Arch::dot_q6k_r8(&p6[g * nbs..(g + 1) * nbs], xs[0]))[0]).sum()

@@ -186,6 +186,19 @@ isa_features!(
         _mm512_cvtph_ps(_mm256_set_m128i(b, a))
     }
 
+    /// Two interleaved nibble blocks (Q4_0's or MXFP4's, 128 bytes each)
+    /// as their eight weight vectors: the four 32-byte chunks' low nibbles
+    /// (pairing with activation quants 4·i ..), then their high nibbles
+    /// (16 + 4·i ..).
+    #[inline]
+    fn block_nibbles16(a: &[u8], b: &[u8]) -> [__m512i; 8] {
+        let m = _mm512_set1_epi8(0x0f);
+        let v = unroll!(4, |i| ld_pair(a, b, i));
+        let lo = unroll!(4, |i| _mm512_and_si512(v[i], m));
+        let hi = unroll!(4, |i| _mm512_and_si512(_mm512_srli_epi16::<4>(v[i]), m));
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    }
+
     /// Two groups' E8M0 scales as sixteen f32 lanes, `quant::e8m0_half`
     /// bit for bit (avx2's `scales_e8m0`).
     #[inline]
@@ -296,28 +309,13 @@ isa_features!(
     /// low nibbles pair with activation quants 4·i .., its high nibbles
     /// with 16 + 4·i ...
     pub(crate) fn tile_q4(w: &[BlockQ4_0x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        let m = _mm512_set1_epi8(0x0f);
-        tile16!(
-            tile16_n,
-            w,
-            nb,
-            xs,
-            out,
-            |b0, b1| {
-                let v = unroll!(4, |i| ld_pair(&b0.qs, &b1.qs, i));
-                let lo = unroll!(4, |i| _mm512_and_si512(v[i], m));
-                let hi = unroll!(4, |i| _mm512_and_si512(_mm512_srli_epi16::<4>(v[i]), m));
-                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
-            },
-            8
-        )
+        tile16!(tile16_n, w, nb, xs, out, |b0, b1| block_nibbles16(&b0.qs, &b1.qs), 8)
     }
 
     /// Two interleaved MXFP4 groups · up to eight tokens: as `tile_q4`, the
     /// nibbles looked up as v + 12 (`MXFP4_PLUS_12`), the E8M0 scales
     /// (`scales16_e8m0`).
     pub(crate) fn tile_mxfp4(w: &[BlockMxfp4x8], nb: usize, xs: &[ActRef], out: &mut [[f32; 16]]) {
-        let m = _mm512_set1_epi8(0x0f);
         // SAFETY: MXFP4_PLUS_12 is 16 readable bytes; loadu needs no alignment.
         let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(MXFP4_PLUS_12.as_ptr().cast()) });
         tile16!(
@@ -327,10 +325,8 @@ isa_features!(
             xs,
             out,
             |b0, b1| {
-                let v = unroll!(4, |i| ld_pair(&b0.qs, &b1.qs, i));
-                let lo = unroll!(4, |i| _mm512_shuffle_epi8(table, _mm512_and_si512(v[i], m)));
-                let hi = unroll!(4, |i| _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(v[i]), m)));
-                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+                let n = block_nibbles16(&b0.qs, &b1.qs);
+                unroll!(8, |i| _mm512_shuffle_epi8(table, n[i]))
             },
             12,
             |b0, b1| scales16_e8m0(&b0.e, &b1.e)
