@@ -518,12 +518,13 @@ isa_features!(
         unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
     }
 
-    /// An interleaved Q4 block's nibbles: (low, high) of each 32-byte group.
+    /// An interleaved nibble block's nibbles (`BlockQ4_0x8`'s or
+    /// `BlockMxfp4x8`'s `qs`): (low, high) of each 32-byte group.
     #[inline]
-    pub(crate) fn rows_nibbles(blk: &BlockQ4_0x8) -> [(__m256i, __m256i); 4] {
+    pub(crate) fn rows_nibbles(qs: &[u8; 128]) -> [(__m256i, __m256i); 4] {
         let m = _mm256_set1_epi8(0x0f);
         unroll!(4, |g| {
-            let v = ld_rows(&blk.qs, g);
+            let v = ld_rows(qs, g);
             (_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16::<4>(v), m))
         })
     }
@@ -556,17 +557,14 @@ isa_features!(
 
     /// An interleaved MXFP4 block's codes as the unsigned bytes v + 12
     /// (`MXFP4_PLUS_12`, looked up with `vpshufb`): (low, high) of each
-    /// 32-byte group, as `rows_nibbles`.
+    /// 32-byte group, from `rows_nibbles`.
     #[inline]
     pub(crate) fn rows_mxfp4(blk: &BlockMxfp4x8) -> [(__m256i, __m256i); 4] {
         // SAFETY: MXFP4_PLUS_12 is 16 readable bytes; loadu needs no alignment.
         let table = unsafe { _mm_loadu_si128(MXFP4_PLUS_12.as_ptr() as *const __m128i) };
-        let (table, m) = (_mm256_set_m128i(table, table), _mm256_set1_epi8(0x0f));
-        unroll!(4, |g| {
-            let v = ld_rows(&blk.qs, g);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
-            (_mm256_shuffle_epi8(table, _mm256_and_si256(v, m)), _mm256_shuffle_epi8(table, hi))
-        })
+        let table = _mm256_set_m128i(table, table);
+        let n = rows_nibbles(&blk.qs);
+        unroll!(4, |g| (_mm256_shuffle_epi8(table, n[g].0), _mm256_shuffle_epi8(table, n[g].1)))
     }
 
     /// Eight rows' exact Σ v·q for one MXFP4 block: Σ (v + 12)·q − 12·Σq,
@@ -654,7 +652,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
     #[inline]
     pub(crate) fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
-        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))[0]
+        rows8_n!(1, w, [x], |blk| rows_nibbles(&blk.qs), |wv, xb| q4_rows_isums(&wv, xb))[0]
     }
 
     /// Eight interleaved Q8 rows · two activation rows, the weights loaded once per block.
@@ -666,7 +664,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · two activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
-        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(2, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| q4_rows_isums(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · three activation rows.
@@ -678,7 +676,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(3, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| q4_rows_isums(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
@@ -690,7 +688,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| q4_rows_isums(&wv, xb))
+        rows8_n!(4, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| q4_rows_isums(&wv, xb))
     }
 
     /// Eight interleaved MXFP4 rows · one activation row: row k's result

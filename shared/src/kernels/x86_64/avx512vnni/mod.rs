@@ -211,7 +211,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · one activation row (as `dot_q8_r8`).
     #[inline]
     pub(crate) fn dot_q4_r8(w: &[BlockQ4_0x8], x: ActRef) -> [f32; 8] {
-        rows8_n!(1, w, [x], |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))[0]
+        rows8_n!(1, w, [x], |blk| rows_nibbles(&blk.qs), |wv, xb| biased_rows_isums::<8>(&wv, xb))[0]
     }
 
     /// Eight interleaved Q8 rows · two activation rows, the weights loaded once per block.
@@ -223,7 +223,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · two activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x2(w: &[BlockQ4_0x8], xs: [ActRef; 2]) -> [[f32; 8]; 2] {
-        rows8_n!(2, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
+        rows8_n!(2, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · three activation rows.
@@ -235,7 +235,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · three activation rows.
     #[inline]
     pub(crate) fn dot_q4_r8_x3(w: &[BlockQ4_0x8], xs: [ActRef; 3]) -> [[f32; 8]; 3] {
-        rows8_n!(3, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
+        rows8_n!(3, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved Q8 rows · four activation rows, the weights loaded once per block.
@@ -247,7 +247,7 @@ isa_features!(
     /// Eight interleaved Q4 rows · four activation rows, the nibbles unpacked once per block.
     #[inline]
     pub(crate) fn dot_q4_r8_x4(w: &[BlockQ4_0x8], xs: [ActRef; 4]) -> [[f32; 8]; 4] {
-        rows8_n!(4, w, xs, |blk| rows_nibbles(blk), |wv, xb| biased_rows_isums::<8>(&wv, xb))
+        rows8_n!(4, w, xs, |blk| rows_nibbles(&blk.qs), |wv, xb| biased_rows_isums::<8>(&wv, xb))
     }
 
     /// Eight interleaved MXFP4 rows · one activation row: row k's result
