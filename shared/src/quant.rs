@@ -8,6 +8,37 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
+/// f16 to f32, exact, with the conversion chosen when compiling: F16C's
+/// instruction in the builds that have it, else `f16_bits_to_f32`. Never
+/// `half`'s `to_f32`, which (with `std`) picks F16C by run-time CPU
+/// detection: each build converts with its own code.
+#[inline(always)]
+pub fn f16_to_f32(h: f16) -> f32 {
+    #[cfg(all(target_arch = "x86_64", target_feature = "f16c"))]
+    {
+        use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
+        // SAFETY: this build is compiled with F16C (the cfg above), which its
+        // start-up guard checks; the intrinsics only read their arguments.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "f16c")))]
+    f16_bits_to_f32(h.to_bits())
+}
+
+/// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
+/// into f32 position and multiplied by 2^112 (exact for normals and
+/// subnormals), infinities and NaNs (quieted, as F16C does) patched in.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let rest = (h & 0x7fff) << 13;
+    let mut v = (f32::from_bits(rest) * f32::from_bits(0x7780_0000)).to_bits();
+    if rest >= 0x0f80_0000 {
+        v = rest | 0x7f80_0000 | if rest > 0x0f80_0000 { 0x0040_0000 } else { 0 };
+    }
+    f32::from_bits(v | (h & 0x8000) << 16)
+}
+
 /// Weights per block.
 pub const QK: usize = 32;
 
@@ -195,7 +226,7 @@ pub fn dequant_q5k(blocks: &[BlockQ5K], out: &mut [f32]) {
 #[inline(always)]
 fn dequant_kmin(d: f16, dmin: f16, scales: &[u8; 12], code: impl Fn(usize, usize) -> u8, out: &mut [f32]) {
     let (sc, mn) = scales_mins_k4(scales);
-    let (d, dmin) = (d.to_f32(), dmin.to_f32());
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
     for (j, o) in out.chunks_exact_mut(QK).enumerate() {
         let (dl, ml) = (d * sc[j] as f32, dmin * mn[j] as f32);
         for (l, v) in o.iter_mut().enumerate() {
@@ -206,7 +237,7 @@ fn dequant_kmin(d: f16, dmin: f16, scales: &[u8; 12], code: impl Fn(usize, usize
 /// Dequantises one row of Q6_K blocks: (d·scale)·(q − 32).
 pub fn dequant_q6k(blocks: &[BlockQ6K], out: &mut [f32]) {
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = b.d.to_f32();
+        let d = f16_to_f32(b.d);
         for (e, v) in o.iter_mut().enumerate() {
             *v = (d * b.scales[e / 16] as f32) * (q6k_code(b, e) as i32 - 32) as f32;
         }
@@ -268,7 +299,7 @@ pub trait Scaled {
 }
 
 fn nonfinite_f16(d: f16) -> Option<f32> {
-    (!d.is_finite()).then(|| d.to_f32())
+    (!d.is_finite()).then(|| f16_to_f32(d))
 }
 
 macro_rules! scaled_by {
@@ -931,7 +962,7 @@ macro_rules! block_impl {
             const F16_SCALE: bool = $f16;
             #[inline(always)]
             fn scale(&self) -> f32 {
-                self.d.to_f32()
+                self.d.widened()
             }
             #[inline(always)]
             fn scale_bits(&self) -> u32 {
@@ -944,14 +975,21 @@ macro_rules! block_impl {
         }
     };
 }
-/// `to_f32` for both scale types, so `block_impl!` reads the same for each.
-trait ToF32 {
-    fn to_f32(self) -> f32;
+/// A block scale (f16 or f32) as f32, so `block_impl!` reads the same for
+/// each; f16 through `f16_to_f32` (not `half`'s inherent `to_f32`).
+trait Widened {
+    fn widened(self) -> f32;
 }
-impl ToF32 for f32 {
+impl Widened for f32 {
     #[inline(always)]
-    fn to_f32(self) -> f32 {
+    fn widened(self) -> f32 {
         self
+    }
+}
+impl Widened for f16 {
+    #[inline(always)]
+    fn widened(self) -> f32 {
+        f16_to_f32(self)
     }
 }
 block_impl!(Q8Block, BlockQ8_0, true, quants, [i8; QK]);

@@ -15,10 +15,10 @@
 use half::f16;
 
 use crate::format::gguf::GgmlType;
-use crate::quant::{dequant_mxfp4, dequant_q4k, dequant_q5k, dequant_q6k};
+use crate::quant::{dequant_mxfp4, dequant_q4k, dequant_q5k, dequant_q6k, f16_to_f32};
 
 fn h(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    f16_to_f32(f16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// The first block of quantised `data` whose scale is NaN or infinite
@@ -79,7 +79,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
         }
         GgmlType::F16 => {
             for (o, c) in out.iter_mut().zip(data.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                *o = f16_to_f32(f16::from_le_bytes([c[0], c[1]]));
             }
         }
         GgmlType::BF16 => {

@@ -10,9 +10,11 @@
 use half::f16;
 
 use super::set::Kernels;
+pub(crate) use crate::quant::f16_bits_to_f32;
 use crate::quant::{
-    e8m0_half, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8,
-    BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, Rows8, MXFP4_VALUES, QK,
+    e8m0_half, f16_to_f32, q4k_code, q5k_code, q6k_code, scales_mins_k4, ActRef, BlockMxfp4, BlockMxfp4x8, BlockQ4K,
+    BlockQ4Kx8, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0x8, Q4Block, Q8Block, Rows8,
+    MXFP4_VALUES, QK,
 };
 
 /// The scalar kernel set.
@@ -49,12 +51,12 @@ impl Kernels for Portable {
         let chunks = w.len() / 8;
         for c in 0..chunks {
             for l in 0..8 {
-                acc[l] += w[c * 8 + l].to_f32() * x[c * 8 + l];
+                acc[l] += f16_to_f32(w[c * 8 + l]) * x[c * 8 + l];
             }
         }
         let mut tail = 0.0f32;
         for i in chunks * 8..w.len() {
-            tail += w[i].to_f32() * x[i];
+            tail += f16_to_f32(w[i]) * x[i];
         }
         combine8(acc) + tail
     }
@@ -133,7 +135,7 @@ impl Kernels for Portable {
                     let q = (bw.qs[32 * (j / 4) + 4 * k + j % 4] ^ Self::Q8_X8_BIAS) as i8;
                     isum += q as i32 * bx.qs[j] as i32;
                 }
-                row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+                row[i % 8] += (f16_to_f32(bw.d[k]) * bx.d) * isum as f32;
             }
         }
         acc.map(combine8)
@@ -153,7 +155,7 @@ impl Kernels for Portable {
                     isum += (byte >> 4) as i32 * bx.qs[j + QK / 2] as i32;
                 }
                 isum -= 8 * bx.sum;
-                row[i % 8] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+                row[i % 8] += (f16_to_f32(bw.d[k]) * bx.d) * isum as f32;
             }
         }
         acc.map(combine8)
@@ -186,7 +188,7 @@ impl Kernels for Portable {
                         .sum();
                     isum += bw.scales[2 * j + g] as i32 * part;
                 }
-                acc[j] += (bw.d.to_f32() * bx.d) * isum as f32;
+                acc[j] += (f16_to_f32(bw.d) * bx.d) * isum as f32;
             }
         }
         combine8(acc)
@@ -223,7 +225,7 @@ impl Kernels for Portable {
                             .sum();
                         isum += bw.scales[2 * j + g][k] as i32 * part;
                     }
-                    row[j] += (bw.d[k].to_f32() * bx.d) * isum as f32;
+                    row[j] += (f16_to_f32(bw.d[k]) * bx.d) * isum as f32;
                 }
             }
         }
@@ -283,7 +285,7 @@ impl Kernels for Portable {
     #[inline]
     fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
+            *d = crate::quant::f16_to_f32(*s);
         }
     }
 
@@ -313,7 +315,7 @@ fn dot_kmin<B>(
         let (sc, mn) = scales_mins_k4(scales);
         for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
             let isum: i32 = (0..QK).map(|l| code(bw, j, l) as i32 * bx.qs[l] as i32).sum();
-            acc[j] += k_min_term(d.to_f32(), dmin.to_f32(), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
+            acc[j] += k_min_term(f16_to_f32(d), f16_to_f32(dmin), bx.d, sc[j] as i32 * isum, mn[j] as i32 * bx.sum);
         }
     }
     combine8(acc)
@@ -336,7 +338,7 @@ fn dot_kmin_r8<B>(
             for (j, bx) in x.blocks()[8 * s..8 * s + 8].iter().enumerate() {
                 let (d, dmin, sc, mn) = head(bw, k, j);
                 let isum: i32 = (0..QK).map(|l| code(bw, k, j, l) as i32 * bx.qs[l] as i32).sum();
-                row[j] += k_min_term(d.to_f32(), dmin.to_f32(), bx.d, sc as i32 * isum, mn as i32 * bx.sum);
+                row[j] += k_min_term(f16_to_f32(d), f16_to_f32(dmin), bx.d, sc as i32 * isum, mn as i32 * bx.sum);
             }
         }
     }
@@ -355,20 +357,6 @@ pub(crate) fn k_min_term(d: f32, dmin: f32, dx: f32, s: i32, m: i32) -> f32 {
 #[inline]
 pub(crate) fn combine8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
-}
-
-/// Exact f16 → f32 from the bits, without F16C: the magnitude bits shifted
-/// into f32 position and multiplied by 2^112 (exact for normals and
-/// subnormals), infinities and NaNs (quieted, as `half` does) patched in.
-#[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
-    let h = h as u32;
-    let rest = (h & 0x7fff) << 13;
-    let mut v = (f32::from_bits(rest) * f32::from_bits(0x7780_0000)).to_bits();
-    if rest >= 0x0f80_0000 {
-        v = rest | 0x7f80_0000 | if rest > 0x0f80_0000 { 0x0040_0000 } else { 0 };
-    }
-    f32::from_bits(v | (h & 0x8000) << 16)
 }
 
 /// The x86 builds' `exp4` (`sse2::exp4`, a Cephes polynomial) as scalar IEEE

@@ -461,6 +461,7 @@ fn f16_conversion_is_exact_for_every_value() {
         let want = h.to_f32();
         assert_eq!(g.to_bits(), want.to_bits(), "arch f16 {:#06x}", h.to_bits());
         assert_eq!(f16_bits_to_f32(h.to_bits()).to_bits(), want.to_bits(), "bits {:#06x}", h.to_bits());
+        assert_eq!(crate::quant::f16_to_f32(*h).to_bits(), want.to_bits(), "scalar {:#06x}", h.to_bits());
     }
     // odd lengths and offsets
     for n in 0..20 {

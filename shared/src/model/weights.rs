@@ -14,10 +14,10 @@ use super::Model;
 use crate::format::mlb::{rows8_block_bytes, Layout, Mlb, TensorInfo, TensorType};
 use crate::kernels::{Arch, Kernels, MatRef, Packed, WeightData};
 use crate::quant::{
-    deinterleave_x8, dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, nonfinite_block,
-    nonfinite_scale_error, rebias_q8_x8, repack_rows8, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8, BlockQ4_0,
-    BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32, BlockQ8_0x8, Rows8,
-    Scaled, Scales, QK, QK_K, ROWS8,
+    deinterleave_x8, dequant_mxfp4, dequant_q4, dequant_q4k, dequant_q5k, dequant_q6k, dequant_q8, f16_to_f32,
+    nonfinite_block, nonfinite_scale_error, rebias_q8_x8, repack_rows8, BlockMxfp4, BlockMxfp4x8, BlockQ4K, BlockQ4Kx8,
+    BlockQ4_0, BlockQ4_0F32, BlockQ4_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0F32,
+    BlockQ8_0x8, Rows8, Scaled, Scales, QK, QK_K, ROWS8,
 };
 
 /// A weight matrix: the tensor in the mapped file, where the kernels read
@@ -652,7 +652,7 @@ impl Loader<'_> {
         let values: Vec<f32> = match t.ttype {
             TensorType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
             TensorType::F16 => {
-                bytes.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32()).collect()
+                bytes.chunks_exact(2).map(|b| f16_to_f32(f16::from_le_bytes(b.try_into().unwrap()))).collect()
             }
             other => {
                 return Err(format!("{}: tensor '{name}' must be f32 or f16, not {}", self.file.path, other.name()))
@@ -706,7 +706,7 @@ impl Model {
                     .map(|b| f16::from_le_bytes(b.try_into().unwrap()))
                     .enumerate()
                     .find(|(_, v)| !v.is_finite())
-                    .map(|(i, v)| nonfinite_value_error(&what, i, v.to_f32())),
+                    .map(|(i, v)| nonfinite_value_error(&what, i, f16_to_f32(v))),
                 _ => nonfinite_scale_in(t, bytes).map(|(b, d)| nonfinite_scale_error(&what, b, d)),
             }
         })

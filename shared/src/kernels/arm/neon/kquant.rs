@@ -45,7 +45,7 @@
 use core::arch::asm;
 
 use crate::kernels::portable::{combine8, k_min_term};
-use crate::quant::{scales_mins_k4, ActRef, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8Act};
+use crate::quant::{f16_to_f32, scales_mins_k4, ActRef, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8Act};
 
 /// Super-blocks whose integer sums one `asm!` call computes at most (the stack buffer).
 const CHUNK: usize = 8;
@@ -311,7 +311,7 @@ fn scale_q4k_q5k(
     for (k, isum) in sums.chunks_exact(8).enumerate() {
         let s = s0 + k;
         let (d, dmin, scales) = head(s);
-        let (d, dmin) = (d.to_f32(), dmin.to_f32());
+        let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
         let (sc, mn) = scales_mins_k4(&scales);
         for (j, bx) in xb[8 * s..8 * s + 8].iter().enumerate() {
             acc[j] += k_min_term(d, dmin, bx.d, sc[j] as i32 * isum[j], mn[j] as i32 * bx.sum);
@@ -414,7 +414,7 @@ unsafe fn dot_q6k_n<const N: usize>(w: &[BlockQ6K], xs: [ActRef; N]) -> [f32; N]
             unsafe { isums_q6k(&w[s0..], &xb[8 * s0..], &mut sums[..16 * m]) };
             for (k, g) in sums[..16 * m].chunks_exact(16).enumerate() {
                 let bw = &w[s0 + k];
-                let d = bw.d.to_f32();
+                let d = f16_to_f32(bw.d);
                 for (j, bx) in xb[8 * (s0 + k)..8 * (s0 + k) + 8].iter().enumerate() {
                     let isum = bw.scales[2 * j] as i32 * g[2 * j] + bw.scales[2 * j + 1] as i32 * g[2 * j + 1];
                     acc[j] += (d * bx.d) * isum as f32;

@@ -45,7 +45,7 @@ isa_features!(
     #[inline]
     pub(crate) fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
         debug_assert_eq!(w.len(), x.len());
-        dot_with(w, x, |c| ld_f16(c), |v| v.to_f32())
+        dot_with(w, x, |c| ld_f16(c), crate::quant::f16_to_f32)
     }
 
     /// out[p] = `dot_f32`(q, row p) for rows p at `rows[p·stride..]`, bit
@@ -234,7 +234,7 @@ isa_features!(
             i += 8;
         }
         for j in i..n {
-            dst[j] = src[j].to_f32();
+            dst[j] = crate::quant::f16_to_f32(src[j]);
         }
     }
 );
