@@ -35,10 +35,12 @@ pub const MIN_TOKENS: usize = 128;
 pub const BUDGET: u64 = 512 << 28;
 
 /// Tokens of `TEXT` a model of `layer_weights` runs: `BUDGET` worth,
-/// in whole multiples of 64, from `MIN_TOKENS` to `MAX_TOKENS`.
+/// in whole multiples of 64, from `MIN_TOKENS` to `MAX_TOKENS`. Counted
+/// in u64 and clamped before the cast: a small model's fit (up to `BUDGET`
+/// itself) does not fit a 32-bit usize.
 pub fn tokens(layer_weights: u64) -> usize {
-    let fit = (BUDGET / layer_weights.max(1)) as usize / 64 * 64;
-    fit.clamp(MIN_TOKENS, MAX_TOKENS)
+    let fit = BUDGET / layer_weights.max(1) / 64 * 64;
+    fit.clamp(MIN_TOKENS as u64, MAX_TOKENS as u64) as usize
 }
 
 /// The importance matrix of a model over `TEXT`, the
@@ -71,6 +73,8 @@ mod tests {
     #[test]
     fn tokens_follow_the_budget_within_their_bounds() {
         assert_eq!(tokens(0), MAX_TOKENS);
+        assert_eq!(tokens(1), MAX_TOKENS); // a fit of 2^37: beyond a 32-bit usize
+        assert_eq!(tokens(32), MAX_TOKENS); // 2^32: a 32-bit usize's 0
         assert_eq!(tokens(106_000_000), 512); // SmolLM2-135M's layers
         assert_eq!(tokens(256 << 20), 512);
         assert_eq!(tokens(300_000_000), 448); // 458 whole tokens, down to a multiple of 64

@@ -657,11 +657,30 @@ mod tests {
         };
         assert!(check(&[]).is_ok());
         assert!(check(&["--max-queue", "0", "--max-body", "1", "--read-timeout", "86400"]).is_ok());
-        for (opt, v) in [("--max-body", "0"), ("--read-timeout", "0"), ("--read-timeout", "18446744073709551615")] {
+        assert!(check(&["--max-queue", "4096"]).is_ok());
+        // the largest queue a usize holds on this platform (u64::MAX on
+        // 64-bit, u32::MAX on 32-bit) parses, and is refused by the check
+        let huge_queue = usize::MAX.to_string();
+        let refused = [
+            ("--max-body", "0"),
+            ("--read-timeout", "0"),
+            ("--read-timeout", "18446744073709551615"),
+            ("--max-queue", "4097"),
+            ("--max-queue", huge_queue.as_str()),
+        ];
+        for (opt, v) in refused {
             let e = check(&[opt, v]).unwrap_err();
             assert!(e.starts_with(opt) && !e.contains('\n'), "{e}");
         }
-        assert!(check(&["--max-queue", "18446744073709551615"]).unwrap_err().starts_with("--max-queue"));
+    }
+
+    /// A number no usize holds (2^64, on every platform) is clap's parse
+    /// error, given as one line that names the option.
+    #[test]
+    fn limits_that_do_not_fit_are_one_line_errors() {
+        let argv = ["ml_server", "m.mlb", "-z", "t.mlt", "--max-queue", "18446744073709551616"];
+        let e = crate::app::parse_args::<super::ServerArgs>(argv.iter().map(Into::into).collect()).unwrap_err();
+        assert!(e.contains("--max-queue") && e.contains("18446744073709551616") && !e.contains('\n'), "{e}");
     }
 
     #[test]
