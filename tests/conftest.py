@@ -215,19 +215,13 @@ def cross_toolchain(triple, linker, linker_package, qemu):
         unavailable("missing " + ", ".join(missing))
 
 
-def build_unit_tests(triple, linker, features, isa):
-    """The krafla library's unit-test executable for `triple`, built as `cargo
-    xtask dist` builds variant `isa` (static, `features`, target dir
-    target/<isa>, so the dependencies are shared with the dist build)."""
-    env = dict(os.environ)
-    env.pop("CARGO_ENCODED_RUSTFLAGS", None)
-    env.update({
-        f"CARGO_TARGET_{triple.upper().replace('-', '_')}_LINKER": linker,
-        "RUSTFLAGS": "-C target-feature=+crt-static" + ("," + features if features else ""),
-        "KRAFLA_EXPECT_ISA": isa,
-    })
-    cmd = ["cargo", "test", "--no-run", "--release", "--target", triple, "--target-dir", str(REPO / "target" / isa),
-           "-p", "krafla", "--lib", "--message-format=json"]
+def build_unit_tests(platform, isa):
+    """The krafla library's unit-test executable of variant `isa` of `platform` (linux-aarch64,
+    linux-armv7hf), compiled by `cargo xtask unit-tests` as `cargo xtask dist` compiles that
+    variant (its target features, static C runtime, the shared target dir target/variants, where
+    the dependencies are already compiled)."""
+    cmd = ["cargo", "xtask", "unit-tests", platform, "--isa", isa]
+    env = {k: v for k, v in os.environ.items() if k not in ("RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS")}
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise AssertionError(f"{isa}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")

@@ -2,9 +2,9 @@
 
 The executables are the release builds `cargo xtask dist linux-aarch64`
 puts in dist/linux-aarch64 (`cargo xtask test` makes them before pytest).
-The krafla library's unit tests are built here for each variant with the same
-flags and target dir as dist (target/<name>, so the dependencies are
-shared). Then, under qemu-aarch64 with CPU models that have (or lack) the
+The krafla library's unit tests are built here for each variant as dist
+builds it (`cargo xtask unit-tests`: the same flags and target dir, so the
+dependencies are shared). Then, under qemu-aarch64 with CPU models that have (or lack) the
 features:
 
 * the kernel unit tests (every kernel bit for bit against `portable`) pass
@@ -46,7 +46,6 @@ from conftest import (
     oldest_cpu,
     unavailable,
     under_qemu,
-    variant,
 )
 
 TARGET = "aarch64-unknown-linux-gnu"
@@ -75,7 +74,7 @@ def builds(toolchain):
         exe = DIST / f"ml_{name}"
         if not exe.is_file():
             unavailable(f"no {exe}: run `cargo xtask dist linux-aarch64`")
-        out[name] = (build_unit_tests(TARGET, LINKER, variant(ARCH, name)["rustc_features"], name), exe)
+        out[name] = (build_unit_tests("linux-aarch64", name), exe)
     return out
 
 

@@ -2,9 +2,9 @@
 
 The executable is the one armv7hf variant, `neon`, as `cargo xtask dist
 linux-armv7hf` builds it (dist/linux-armv7hf/ml_neon; `cargo xtask test`
-makes it before pytest). The krafla library's unit tests are built here with
-the same flags (static glibc, `+neon,+vfp4,+d32`) and target dir
-(target/neon), so the dependencies are shared. Then, under qemu-arm:
+makes it before pytest). The krafla library's unit tests are built here as
+dist builds it (`cargo xtask unit-tests`: static glibc, `+neon,+vfp4,+d32`,
+the same target dir, so the dependencies are shared). Then, under qemu-arm:
 
 * the kernel unit tests (every kernel bit for bit against `portable`, the
   asm exp against the x86 operation sequence, the block sums against a
@@ -36,7 +36,6 @@ TARGET = "armv7-unknown-linux-gnueabihf"
 LINKER = "arm-linux-gnueabihf-gcc"
 QEMU = shutil.which("qemu-arm")
 DIST_EXE = REPO / "dist" / "linux-armv7hf" / "ml_neon"
-FEATURES = "+neon,+vfp4,+d32"
 
 # CPUs with NEON and VFPv4: the build runs there.
 RUNS_ON = ["cortex-a7", "cortex-a15"]
@@ -57,7 +56,7 @@ def build():
     cross_toolchain(TARGET, LINKER, "gcc-arm-linux-gnueabihf", "qemu-arm")
     if not DIST_EXE.is_file():
         unavailable(f"no {DIST_EXE}: run `cargo xtask dist linux-armv7hf`")
-    return build_unit_tests(TARGET, LINKER, FEATURES, "neon"), DIST_EXE
+    return build_unit_tests("linux-armv7hf", "neon"), DIST_EXE
 
 
 @pytest.mark.parametrize("cpu", RUNS_ON)

@@ -25,6 +25,11 @@
 //!   cargo xtask kernel-tests [--isa NAME]
 //!                                     the kernel unit tests once per x86-64 variant, each
 //!                                     compiled with that variant's target features
+//!   cargo xtask unit-tests PLATFORM --isa NAME
+//!                                     compiles (does not run) the krafla library's unit tests
+//!                                     as `dist` compiles variant NAME of PLATFORM; cargo's JSON
+//!                                     messages on stdout name the executable (for the ARM tests
+//!                                     in tests/, which run it under qemu)
 //!   cargo xtask fuzz [TARGET] [--seconds N] [--jobs J]
 //!                                     the cargo-fuzz targets of tests/fuzz/ (mlb, mlt, gguf,
 //!                                     http_head, json_request, json_schema, gbnf, imatrix,
@@ -44,6 +49,7 @@ use std::process::Command;
 mod archive;
 mod fuzz;
 mod layers;
+mod rustc_wrapper;
 mod static_check;
 mod variants;
 use variants::{Variant, AARCH64_VARIANTS, ARM_VARIANTS, X86_64_VARIANTS};
@@ -338,36 +344,40 @@ fn selected(all: &'static [Variant], isa: Option<&str>) -> Result<Vec<&'static V
     }
 }
 
-/// cargo for one variant: its target features (static C runtime), its own
-/// target dir (shared by every target triple of that variant).
-#[cfg(target_arch = "x86_64")]
-fn variant_cargo(v: &Variant, subcommand: &str) -> Command {
-    variant_cargo_for(v, subcommand, PLATFORMS[0].triple)
-}
+/// Where every variant build goes, of every target: the dependencies are
+/// compiled once per target (build/src/rustc_wrapper.rs says how).
+const VARIANT_TARGET_DIR: &str = "target/variants";
 
-fn variant_cargo_for(v: &Variant, subcommand: &str, triple: &str) -> Command {
-    let mut cmd = static_cargo(subcommand, triple, v.rustc_features, &format!("target/{}", v.name));
-    cmd.env("KRAFLA_EXPECT_ISA", v.name);
-    cmd
-}
+/// The crates that have a feature per variant (shared/Cargo.toml).
+const VARIANT_CRATES: [&str; 2] = ["krafla", "krafla-variant"];
 
-/// cargo for a static build for `triple` with `features` (rustc target
-/// features, may be empty) in `target_dir`, the cross linker set if needed.
-fn static_cargo(subcommand: &str, triple: &str, features: &str, target_dir: &str) -> Command {
-    let mut flags = String::from("-C target-feature=+crt-static");
-    if !features.is_empty() {
-        flags.push(',');
-        flags.push_str(features);
-    }
+/// cargo for a static build for `triple` of `packages` (selected with
+/// `-p`), with variant `v`'s feature where they have one (None: no target
+/// features beyond the target's own, for the launcher), through this
+/// program as the rustc wrapper, which adds the variant's target features
+/// to those crates only; the cross linker set if needed.
+fn variant_cargo_for(v: Option<&Variant>, subcommand: &str, triple: &str, packages: &[&str]) -> Command {
     let mut cmd = cargo();
-    cmd.env_remove("CARGO_ENCODED_RUSTFLAGS").env("RUSTFLAGS", flags).args([
-        subcommand,
-        "--release",
-        "--target",
-        triple,
-        "--target-dir",
-        target_dir,
-    ]);
+    let wrapper = std::env::current_exe().unwrap_or_else(|_| repo_root().join("target/release/xtask"));
+    cmd.env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("RUSTC_WRAPPER", wrapper)
+        .env(rustc_wrapper::ENV, "1")
+        .args([subcommand, "--release", "--target", triple, "--target-dir", VARIANT_TARGET_DIR]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    if let Some(v) = v {
+        let features: Vec<String> = packages
+            .iter()
+            .filter(|p| VARIANT_CRATES.contains(p))
+            .map(|p| format!("{p}/{}", rustc_wrapper::feature(v.name)))
+            .collect();
+        if !features.is_empty() {
+            cmd.args(["--features", &features.join(",")]);
+        }
+        cmd.env("KRAFLA_EXPECT_ISA", v.name);
+    }
     if let Some(p) = PLATFORMS.iter().find(|p| p.triple == triple) {
         if let Some(linker) = p.linker {
             let var = format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase().replace('-', "_"));
@@ -395,7 +405,7 @@ fn kernel_tests(isa: Option<&str>) -> Result<(), String> {
             continue;
         }
         eprintln!("xtask: kernel-tests: {}", v.name);
-        run(variant_cargo(v, "test").args(["-p", "krafla", "--lib"]))?;
+        run(variant_cargo_for(Some(v), "test", PLATFORMS[0].triple, &["krafla"]).arg("--lib"))?;
     }
     if !skipped.is_empty() {
         eprintln!("xtask: kernel-tests: not run on this CPU: {}", skipped.join(", "));
@@ -433,6 +443,18 @@ fn cross_toolchain(p: &Platform) -> Result<(), String> {
     }
 }
 
+/// `cargo xtask unit-tests`: the library's unit-test executable of one
+/// variant, compiled as `dist` compiles that variant (its messages as JSON
+/// on stdout).
+fn unit_tests(platform_name: &str, isa: &str) -> Result<(), String> {
+    let p = platform(platform_name)?;
+    if p.triple != PLATFORMS[0].triple {
+        cross_toolchain(p)?;
+    }
+    let v = selected(p.variants, Some(isa))?[0];
+    run(variant_cargo_for(Some(v), "test", p.triple, &["krafla"]).args(["--no-run", "--lib", "--message-format=json"]))
+}
+
 /// Static per-ISA executables and the launcher in dist/<platform>/.
 fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
     let p = platform(platform_name)?;
@@ -450,17 +472,14 @@ fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
     };
     let exe = |stem: &str| format!("{stem}{}", p.exe_suffix);
     for v in selected(p.variants, isa)? {
-        run(variant_cargo_for(v, "build", p.triple).args(["-p", "krafla-variant", "--bin", "ml_variant"]))?;
-        let built = repo_root().join("target").join(v.name).join(p.triple).join("release").join(exe("ml_variant"));
+        run(variant_cargo_for(Some(v), "build", p.triple, &["krafla-variant"]).args(["--bin", "ml_variant"]))?;
+        let built = repo_root().join(VARIANT_TARGET_DIR).join(p.triple).join("release").join(exe("ml_variant"));
         copy(built, out.join(exe(&format!("ml_{}", v.name))))?;
     }
     // The launcher runs on any CPU of the architecture: no target features
-    // beyond the target's baseline. It shares the baseline build's target dir
-    // when that build has no extra features (x86-64 sse2, AArch64 neon).
-    let base = variants::baseline(p.variants).expect("every platform has builds");
-    let dir = if base.rustc_features.is_empty() { format!("target/{}", base.name) } else { "target/launcher".into() };
-    run(static_cargo("build", p.triple, "", &dir).args(["-p", "krafla-launcher", "--bin", "ml_run"]))?;
-    let built = repo_root().join(&dir).join(p.triple).join("release").join(exe("ml_run"));
+    // beyond the target's baseline.
+    run(variant_cargo_for(None, "build", p.triple, &["krafla-launcher"]).args(["--bin", "ml_run"]))?;
+    let built = repo_root().join(VARIANT_TARGET_DIR).join(p.triple).join("release").join(exe("ml_run"));
     copy(built, out.join(exe("ml_run")))
 }
 
@@ -550,7 +569,7 @@ fn lint() -> Result<(), String> {
     // The variants: every package but xtask, a host tool; their tests (the
     // kernel tests above all) only where they run (Linux), their programs
     // everywhere.
-    let packages = ["-p", "krafla", "-p", "krafla-variant", "-p", "krafla-launcher"];
+    let packages = ["krafla", "krafla-variant", "krafla-launcher"];
     for p in PLATFORMS {
         if p.triple != PLATFORMS[0].triple && !rust_target_installed(p.triple)? {
             eprintln!("xtask: lint: NOT linting the {} variants: rustup target add {}", p.name, p.triple);
@@ -563,7 +582,7 @@ fn lint() -> Result<(), String> {
         // linted there. One variant lints that code (15 s a variant).
         let variants = if p.zip { &p.variants[..1] } else { p.variants };
         for v in variants {
-            run(variant_cargo_for(v, "clippy", p.triple).args(packages).args(targets).args(deny))?;
+            run(variant_cargo_for(Some(v), "clippy", p.triple, &packages).args(targets).args(deny))?;
         }
     }
     Ok(())
@@ -610,6 +629,10 @@ fn isa_arg(rest: &[String]) -> Result<Option<&str>, String> {
 }
 
 fn main() {
+    // cargo runs this program as the variant builds' rustc wrapper
+    if std::env::var_os(rustc_wrapper::ENV).is_some() {
+        rustc_wrapper::run(&std::env::args_os().skip(1).collect::<Vec<_>>());
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("quickstart") => quickstart(args.get(1).cloned()),
@@ -630,10 +653,15 @@ fn main() {
         Some("check-static") => check_static(&args[1..]),
         Some("lint") => lint(),
         Some("kernel-tests") => isa_arg(&args[1..]).and_then(kernel_tests),
+        Some("unit-tests") => match (args.get(1), isa_arg(args.get(2..).unwrap_or_default())) {
+            (Some(platform), Ok(Some(isa))) => unit_tests(platform, isa),
+            _ => Err(format!("usage: cargo xtask unit-tests {} --isa NAME", platform_names())),
+        },
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("variants") => variants_command(&args[1..]),
         _ => Err("usage: cargo xtask quickstart [PROMPT] | models [DIR] | test | dist PLATFORM [--isa NAME] \
                   | release PLATFORM | lint | check-static FILE... | kernel-tests [--isa NAME] \
+                  | unit-tests PLATFORM --isa NAME \
                   | fuzz [TARGET] [--seconds N] [--jobs J] | variants [--names ARCH]"
             .to_string()),
     };
