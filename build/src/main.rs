@@ -356,13 +356,20 @@ const VARIANT_CRATES: [&str; 2] = ["krafla", "krafla-variant"];
 /// features beyond the target's own, for the launcher), through this
 /// program as the rustc wrapper, which adds the variant's target features
 /// to those crates only; the cross linker set if needed.
-fn variant_cargo_for(v: Option<&Variant>, subcommand: &str, triple: &str, packages: &[&str]) -> Command {
+fn variant_cargo_for(
+    v: Option<&Variant>,
+    subcommand: &str,
+    triple: &str,
+    packages: &[&str],
+) -> Result<Command, String> {
     let mut cmd = cargo();
-    let wrapper = std::env::current_exe().unwrap_or_else(|_| repo_root().join("target/release/xtask"));
+    let wrapper = wrapper_exe()?;
+    // the user's own wrapper (sccache, say) runs inside this one
+    let users = std::env::var_os("RUSTC_WRAPPER").filter(|w| !w.is_empty() && *w != wrapper.as_os_str());
     cmd.env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env("RUSTC_WRAPPER", wrapper)
-        .env(rustc_wrapper::ENV, "1")
+        .env("RUSTC_WRAPPER", &wrapper)
+        .env(rustc_wrapper::ENV, users.unwrap_or_default())
         .args([subcommand, "--release", "--target", triple, "--target-dir", VARIANT_TARGET_DIR]);
     for p in packages {
         cmd.args(["-p", p]);
@@ -384,7 +391,36 @@ fn variant_cargo_for(v: Option<&Variant>, subcommand: &str, triple: &str, packag
             cmd.env(var, linker);
         }
     }
-    cmd
+    Ok(cmd)
+}
+
+/// This program, copied to target/variants/ for cargo to run as the rustc
+/// wrapper: target/release/xtask itself is replaced when a workspace build
+/// (the quick start's, `cargo xtask test`'s) compiles it again, and a
+/// running program's file name then points nowhere. Copied from
+/// /proc/self/exe, which still opens it; written only when it changed.
+fn wrapper_exe() -> Result<PathBuf, String> {
+    let own = if cfg!(target_os = "linux") {
+        PathBuf::from("/proc/self/exe")
+    } else {
+        std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?
+    };
+    let dir = repo_root().join(VARIANT_TARGET_DIR);
+    let to = dir.join(format!("rustc-wrapper{}", std::env::consts::EXE_SUFFIX));
+    let data = read(&own)?;
+    if std::fs::read(&to).ok().as_deref() != Some(&data[..]) {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let tmp = to.with_extension("tmp");
+        std::fs::write(&tmp, &data).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("cannot make {} executable: {e}", tmp.display()))?;
+        }
+        std::fs::rename(&tmp, &to).map_err(|e| format!("cannot rename to {}: {e}", to.display()))?;
+    }
+    Ok(to)
 }
 
 /// The first feature of `v` this CPU lacks, if any (the launcher's detection).
@@ -405,7 +441,7 @@ fn kernel_tests(isa: Option<&str>) -> Result<(), String> {
             continue;
         }
         eprintln!("xtask: kernel-tests: {}", v.name);
-        run(variant_cargo_for(Some(v), "test", PLATFORMS[0].triple, &["krafla"]).arg("--lib"))?;
+        run(variant_cargo_for(Some(v), "test", PLATFORMS[0].triple, &["krafla"])?.arg("--lib"))?;
     }
     if !skipped.is_empty() {
         eprintln!("xtask: kernel-tests: not run on this CPU: {}", skipped.join(", "));
@@ -452,7 +488,7 @@ fn unit_tests(platform_name: &str, isa: &str) -> Result<(), String> {
         cross_toolchain(p)?;
     }
     let v = selected(p.variants, Some(isa))?[0];
-    run(variant_cargo_for(Some(v), "test", p.triple, &["krafla"]).args(["--no-run", "--lib", "--message-format=json"]))
+    run(variant_cargo_for(Some(v), "test", p.triple, &["krafla"])?.args(["--no-run", "--lib", "--message-format=json"]))
 }
 
 /// Static per-ISA executables and the launcher in dist/<platform>/.
@@ -472,13 +508,13 @@ fn dist(platform_name: &str, isa: Option<&str>) -> Result<(), String> {
     };
     let exe = |stem: &str| format!("{stem}{}", p.exe_suffix);
     for v in selected(p.variants, isa)? {
-        run(variant_cargo_for(Some(v), "build", p.triple, &["krafla-variant"]).args(["--bin", "ml_variant"]))?;
+        run(variant_cargo_for(Some(v), "build", p.triple, &["krafla-variant"])?.args(["--bin", "ml_variant"]))?;
         let built = repo_root().join(VARIANT_TARGET_DIR).join(p.triple).join("release").join(exe("ml_variant"));
         copy(built, out.join(exe(&format!("ml_{}", v.name))))?;
     }
     // The launcher runs on any CPU of the architecture: no target features
     // beyond the target's baseline.
-    run(variant_cargo_for(None, "build", p.triple, &["krafla-launcher"]).args(["--bin", "ml_run"]))?;
+    run(variant_cargo_for(None, "build", p.triple, &["krafla-launcher"])?.args(["--bin", "ml_run"]))?;
     let built = repo_root().join(VARIANT_TARGET_DIR).join(p.triple).join("release").join(exe("ml_run"));
     copy(built, out.join(exe("ml_run")))
 }
@@ -582,7 +618,7 @@ fn lint() -> Result<(), String> {
         // linted there. One variant lints that code (15 s a variant).
         let variants = if p.zip { &p.variants[..1] } else { p.variants };
         for v in variants {
-            run(variant_cargo_for(Some(v), "clippy", p.triple, &packages).args(targets).args(deny))?;
+            run(variant_cargo_for(Some(v), "clippy", p.triple, &packages)?.args(targets).args(deny))?;
         }
     }
     Ok(())

@@ -5,7 +5,9 @@
 //! compilation as `xtask RUSTC ARGS...`; a compilation for a `--target`
 //! whose arguments enable `feature="variant-NAME"` gets that row's
 //! `-C target-feature` (build/src/variants.rs) added, every other one (the
-//! dependencies, build scripts, the launcher) runs unchanged.
+//! dependencies, build scripts, the launcher) runs unchanged. A
+//! `RUSTC_WRAPPER` of the user's own (sccache, say) is kept: it is passed
+//! in `KRAFLA_RUSTC_WRAPPER` and run in front of the compiler.
 //!
 //! Why: with the target features in RUSTFLAGS, every variant compiled all
 //! the dependencies again (about 45 s each, 13 variants); here they are
@@ -18,7 +20,8 @@ use std::process::Command;
 
 use crate::variants::{variants_for, Variant};
 
-/// Set (to anything) in the environment of the cargo the variant builds run.
+/// Set in the environment of the cargo the variant builds run: empty, or
+/// the user's own rustc wrapper to run the compiler through.
 pub const ENV: &str = "KRAFLA_RUSTC_WRAPPER";
 
 /// The feature that selects variant `name`.
@@ -34,7 +37,14 @@ pub fn run(args: &[OsString]) -> ! {
         std::process::exit(2);
     };
     let text: Vec<String> = rest.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mut cmd = Command::new(compiler);
+    let mut cmd = match std::env::var_os(ENV).filter(|w| !w.is_empty()) {
+        Some(users) => {
+            let mut cmd = Command::new(users);
+            cmd.arg(compiler);
+            cmd
+        }
+        None => Command::new(compiler),
+    };
     cmd.args(rest);
     match variant_of(&text) {
         Ok(Some(v)) if !v.rustc_features.is_empty() => {
