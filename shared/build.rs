@@ -21,9 +21,10 @@
 //! (build/src/rustc_wrapper.rs) adds the row's target features to this
 //! crate's compilation only, not to the build script's environment: then
 //! the enabled features are the compiler's (`rustc --print cfg`) with the
-//! row's flags, the same checks apply, and `isa_features.rs` also holds a
-//! `compile_error!` for each of the row's features the compilation lacks
-//! (the feature given without the wrapper).
+//! row's flags, the same checks apply, and `isa_features.rs` also holds
+//! `compile_error!`s for a compilation that lacks the row's features (the
+//! feature given without the wrapper) or has CPU features of the table
+//! beyond them.
 //!
 //! 32-bit ARM is the exception: rustc keeps `neon` and `vfp4` unstable there
 //! and does not report them, so its one row is taken as given (its kernels
