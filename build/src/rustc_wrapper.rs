@@ -18,15 +18,19 @@
 use std::ffi::OsString;
 use std::process::Command;
 
-use crate::variants::{variants_for, Variant};
+use crate::variants::Variant;
+use crate::PLATFORMS;
 
 /// Set in the environment of the cargo the variant builds run: empty, or
 /// the user's own rustc wrapper to run the compiler through.
 pub const ENV: &str = "KRAFLA_RUSTC_WRAPPER";
 
+/// What the name of a variant's feature starts with.
+const FEATURE_PREFIX: &str = "variant-";
+
 /// The feature that selects variant `name`.
 pub fn feature(name: &str) -> String {
-    format!("variant-{name}")
+    format!("{FEATURE_PREFIX}{name}")
 }
 
 /// Runs `args` (the compiler and its arguments) with the variant's target
@@ -73,23 +77,21 @@ fn variant_of(args: &[String]) -> Result<Option<&'static Variant>, String> {
     let names: Vec<&str> = args
         .windows(2)
         .filter(|w| w[0] == "--cfg")
-        .filter_map(|w| w[1].strip_prefix("feature=\"variant-")?.strip_suffix('"'))
+        .filter_map(|w| w[1].strip_prefix("feature=\"")?.strip_prefix(FEATURE_PREFIX)?.strip_suffix('"'))
         .collect();
     let name = match names[..] {
         [] => return Ok(None),
         [one] => one,
         _ => return Err(format!("more than one variant feature: {names:?}")),
     };
-    // the architecture as std::env::consts::ARCH spells it
-    let arch = match triple.split('-').next().unwrap_or("") {
-        a if a.starts_with("armv7") => "arm",
-        a => a,
-    };
-    variants_for(arch)
+    let platform =
+        PLATFORMS.iter().find(|p| p.triple == triple).ok_or_else(|| format!("no platform builds {triple}"))?;
+    platform
+        .variants
         .iter()
         .find(|v| v.name == name)
         .map(Some)
-        .ok_or_else(|| format!("'{name}' is not a build variant of {arch} (build/src/variants.rs)"))
+        .ok_or_else(|| format!("'{name}' is not a build variant of {triple} (build/src/variants.rs)"))
 }
 
 #[cfg(test)]

@@ -179,11 +179,6 @@ pub fn variants_for(arch: &str) -> &'static [Variant] {
     }
 }
 
-/// The slowest variant of `variants` (the last), the one that needs least.
-pub fn baseline(variants: &'static [Variant]) -> Option<&'static Variant> {
-    variants.last()
-}
-
 /// The target feature every CPU of an architecture has and rustc enables
 /// by default, which the baseline rows leave out of `rustc_features` but a
 /// kernel's `#[target_feature]` attribute must still name (x86-64's SSE2
