@@ -1098,12 +1098,31 @@ pub fn quantize_act(x: &[f32], out: &mut [BlockQ8Act]) {
         let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in block.qs.iter_mut().zip(chunk) {
-            *q = (v * inv).round() as i8;
+            *q = round_to_i8(v * inv);
             sum += *q as i32;
         }
         block.d = d;
         block.sum = sum;
     }
+}
+
+/// `x.round() as i8` (half away from zero, saturating, NaN to 0) in a form
+/// every build vectorises: `round` has no instruction below SSE4.1 (sse2
+/// called `roundf` per value) and the saturating `as` converts one value at
+/// a time. Clamped to i8's range first, x + (0.5 − 2⁻²⁵)·sign(x) truncates
+/// to round(x) (the largest float below one half, so that 0.49999997 does
+/// not round up; from 2²² on the sum rounds to the right neighbour), and the
+/// truncation is one `cvttps2dq` per vector.
+#[inline(always)]
+pub(crate) fn round_to_i8(x: f32) -> i8 {
+    const BELOW_HALF: f32 = 0.49999997; // 0.5 − 2⁻²⁵
+    if x.is_nan() {
+        return 0;
+    }
+    let c = x.clamp(-128.0, 127.0);
+    // SAFETY: c is finite and within [-128, 127], so the sum is within
+    // (-128.5, 127.5), whose truncation fits i32 (and i8).
+    unsafe { (c + BELOW_HALF.copysign(c)).to_int_unchecked::<i32>() as i8 }
 }
 
 /// Dequantises one row of Q8 blocks.
@@ -1147,6 +1166,27 @@ mod tests {
         let whole = packed.len() * ROWS8;
         assert_eq!(back.len(), whole);
         assert_eq!(bytemuck::cast_slice::<_, u8>(&back), bytemuck::cast_slice::<_, u8>(&w[..whole]));
+    }
+
+    #[test]
+    fn round_to_i8_is_round_as_i8() {
+        let special = [0.5f32, 1.5, 2.5, -0.5, -2.5, 126.5, 127.49, 127.5, 128.0, -128.5, -129.0, 0.49999997, -0.0];
+        let edges =
+            [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45];
+        let mut state = 7u64;
+        let random = (0..100_000).map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            f32::from_bits((state >> 32) as u32) // every bit pattern: NaNs, infinities, subnormals
+        });
+        // the 64 floats either side of every half and whole number to ±260
+        let near = (-520..=520).flat_map(|h| {
+            let bits = (h as f32 / 2.0).to_bits() as i64;
+            (-64..=64).map(move |k| f32::from_bits((bits + k).max(0) as u32))
+        });
+        let stride = (0..=u32::MAX).step_by(1021).map(f32::from_bits);
+        for x in special.into_iter().chain(edges).chain(random).chain(near).chain(stride) {
+            assert_eq!(round_to_i8(x), x.round() as i8, "{x:e} ({:#x})", x.to_bits());
+        }
     }
 
     #[test]

@@ -216,8 +216,8 @@ impl<'a> MatRef<'a> {
 
     /// Rows r .. r + 16 (two repacked groups) with tokens t0 .. t0 + n
     /// through the set's prompt tile kernels (`tile_q8`, `tile_q4`, `tile_q4k`, `tile_q5k`, `tile_q6k`, `tile_mxfp4`),
-    /// `Kernels::TILE_TOKENS` tokens a call: `put(i, t, value)` for row
-    /// r + i and token t; returns whether it was (the set has tile kernels
+    /// `Kernels::TILE_TOKENS` tokens a call: `put(0, t, values)` with the 16
+    /// rows' values for token t; returns whether it was (the set has tile kernels
     /// and both groups are repacked Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / MXFP4 ones).
     #[inline]
     fn prompt_tile<'x>(
@@ -226,7 +226,7 @@ impl<'a> MatRef<'a> {
         t0: usize,
         n: usize,
         one_token: &impl Fn(usize) -> (&'x [f32], ActRef<'x>),
-        mut put: impl FnMut(usize, usize, f32),
+        mut put: impl FnMut(usize, usize, &[f32]),
     ) -> bool {
         if Arch::TILE_TOKENS == 0 || matches!(self.packed, Packed::None) {
             return false;
@@ -251,9 +251,7 @@ impl<'a> MatRef<'a> {
                 _ => unreachable!("prompt_tile: checked above"),
             }
             for (j, row) in out[..run].iter().enumerate() {
-                for (i, &v) in row.iter().enumerate() {
-                    put(i, t + j, v);
-                }
+                put(0, t + j, row);
             }
             t += run;
         }
@@ -393,7 +391,7 @@ pub fn matmul_each(items: &mut [(&MatRef, &Input, &mut [f32])]) {
             let n = o.len() / rows;
             for r0 in (0..rows).step_by(ROW_TILE) {
                 w.prefetch_rows(r0 + ROW_TILE, ROW_TILE);
-                let put = |i: usize, t: usize, v: f32| o[(t - t0) * rows + r0 + i] = v;
+                let put = |i: usize, t: usize, v: &[f32]| o[(t - t0) * rows + r0 + i..][..v.len()].copy_from_slice(v);
                 tile_dots(w, r0, ROW_TILE.min(rows - r0), t0, n, &one_token, put, true);
             }
         });
@@ -420,7 +418,7 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
         }
         pool::each_mut(&mut tasks, |(w, tok, r0, o)| {
             let len = o.len();
-            tile_dots(w, *r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i] = v, false);
+            tile_dots(w, *r0, len, 0, 1, &|t| tok.get(t), |i, _, v| o[i..][..v.len()].copy_from_slice(v), false);
         });
         return;
     }
@@ -442,7 +440,7 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
             if tiles && r + ROW_TILE < len {
                 w.prefetch_rows(r0 + r + ROW_TILE, ROW_TILE);
             }
-            let put = |i: usize, t: usize, v: f32| buf[t * len + r + i] = v;
+            let put = |i: usize, t: usize, v: &[f32]| buf[t * len + r + i..][..v.len()].copy_from_slice(v);
             tile_dots(w, r0 + r, ROW_TILE.min(len - r), 0, n_tok, &|t| tok.get(t), put, tiles);
         }
         buf
@@ -464,7 +462,8 @@ fn short_batch(items: &mut [(&MatRef, Tokens, &mut [f32])]) {
 const TILE_MIN_TOKENS: usize = 16;
 
 /// Rows r0 .. r0 + rows of `w` against tokens t0 .. t0 + n: `put(i, t,
-/// value)` for row r0 + i and token t. Runs of four tokens, then the last
+/// values)` for rows r0 + i, r0 + i + 1, ... and token t (a prompt tile's
+/// sixteen rows in one call, else one value). Runs of four tokens, then the last
 /// one to three together; repacked groups of eight rows take a run in one
 /// kernel call (`group_dots`), other rows go row by row (`row_dot4` for
 /// four tokens, else `row_dot` per token); with `tiles`, a whole tile of
@@ -480,7 +479,7 @@ fn tile_dots<'a>(
     t0: usize,
     n: usize,
     one_token: &impl Fn(usize) -> (&'a [f32], ActRef<'a>),
-    mut put: impl FnMut(usize, usize, f32),
+    mut put: impl FnMut(usize, usize, &[f32]),
     tiles: bool,
 ) {
     if tiles && rows == ROW_TILE && w.prompt_tile(r0, t0, n, one_token, &mut put) {
@@ -496,16 +495,16 @@ fn tile_dots<'a>(
         }
         let mut i = 0;
         while i < rows {
-            if i + ROWS8 <= rows && w.group_dots(r0 + i, &q[..run], |k, j, v| put(i + k, t + j, v)) {
+            if i + ROWS8 <= rows && w.group_dots(r0 + i, &q[..run], |k, j, v| put(i + k, t + j, &[v])) {
                 i += ROWS8;
             } else if run == 4 {
                 for (j, val) in w.row_dot4(r0 + i, x, q).into_iter().enumerate() {
-                    put(i, t + j, val);
+                    put(i, t + j, &[val]);
                 }
                 i += 1;
             } else {
                 for j in 0..run {
-                    put(i, t + j, w.row_dot(r0 + i, x[j], q[j]));
+                    put(i, t + j, &[w.row_dot(r0 + i, x[j], q[j])]);
                 }
                 i += 1;
             }

@@ -98,7 +98,7 @@ impl Store {
                     let d = amax / 127.0;
                     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
                     b.d = f16::from_f32(d);
-                    b.qs.iter_mut().zip(chunk).for_each(|(q, &x)| *q = (x * inv).round() as i8);
+                    b.qs.iter_mut().zip(chunk).for_each(|(q, &x)| *q = crate::quant::round_to_i8(x * inv));
                 }
             }
         }
