@@ -3,6 +3,8 @@
 //! cache, causal (optionally windowed) attention of each row over its own
 //! sequence's cache, the output gate and the output projection.
 
+use std::ops::Range;
+
 use super::config::{Config, LayerKind};
 use super::forward::carry_non_finite;
 use super::kvcache::KvCache;
@@ -119,41 +121,126 @@ struct Span<'a> {
     first_row: usize,
 }
 
+/// Query tokens of one sequence that go through its cache together (with
+/// the query heads of one KV group): each key and value row is read once
+/// for all of them instead of once per token and head.
+const QUERY_BLOCK: usize = 8;
+
 /// Causal (optionally windowed) multi-head attention of T new queries, each
 /// over its own sequence's cache (`spans`, in row order); writes [T][H·hd].
 /// With `sinks` (one logit per head), each head's softmax takes its sink
 /// as one more score, last, whose value is nothing: the weights sum to
-/// less than one. One task per (token, head): fixed order inside.
+/// less than one.
+///
+/// One task per run of up to `QUERY_BLOCK` tokens of a sequence and KV
+/// group (its query heads together), or per token and head when that gives
+/// too few tasks for the threads (a decode step): at a 2048-token prompt
+/// the per-(token, head) tasks each streamed their group's keys and values
+/// from L3, and attention took more than the matrices. Every query's
+/// numbers are those of the query alone (`attend_block`), so the split
+/// changes nothing.
 fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
-    let hd = c.head_dim;
-    let group = c.n_heads / c.n_kv_heads;
-    let n_tok = q.len() / (c.n_heads * hd);
-    // Short contexts are cheaper on one thread than split across several.
-    let positions = spans.iter().map(|s| s.pos0).max().unwrap_or(0) + n_tok;
-    let min_len = (4096 / (positions * hd).max(1)).clamp(1, c.n_heads);
-    crate::pool::chunks_mut(out, hd, min_len, |idx, o| {
-        let (t, h) = (idx / c.n_heads, idx % c.n_heads);
-        let span = &spans[spans.partition_point(|s| s.first_row <= t) - 1];
-        let (kv, slot) = (span.kv, span.slot);
+    let (hd, nh) = (c.head_dim, c.n_heads);
+    let group = nh / c.n_kv_heads;
+    let n_tok = q.len() / (nh * hd);
+    let mut blocks = Vec::new(); // (span, first row, rows)
+    for (i, s) in spans.iter().enumerate() {
+        let end = spans.get(i + 1).map_or(n_tok, |next| next.first_row);
+        for t0 in (s.first_row..end).step_by(QUERY_BLOCK) {
+            blocks.push((i, t0, QUERY_BLOCK.min(end - t0)));
+        }
+    }
+    let heads = if blocks.len() * c.n_kv_heads >= 2 * crate::pool::threads() { group } else { 1 };
+    let tasks: Vec<(usize, usize, usize, usize)> =
+        blocks.iter().flat_map(|&(s, t0, n)| (0..nh).step_by(heads).map(move |h0| (s, t0, n, h0))).collect();
+    let parts = crate::pool::map(tasks.len(), |i| {
+        let (s, t0, n, h0) = tasks[i];
+        attend_block(c, q, &spans[s], t0..t0 + n, h0..h0 + heads, window, sinks)
+    });
+    for (&(_, t0, n, h0), part) in tasks.iter().zip(&parts) {
+        for (t, rows) in part.chunks_exact(heads * hd).take(n).enumerate() {
+            out[((t0 + t) * nh + h0) * hd..][..heads * hd].copy_from_slice(rows);
+        }
+    }
+}
+
+/// The queries of rows `tokens` (one sequence's, `span`) and query heads
+/// `heads` (of one KV group) over the cache: [tokens][heads][hd]. Each
+/// query's scores are its dots with the keys of its positions, scaled
+/// (and soft-capped), then its softmax; its output starts at zero and
+/// adds weight·value position after position: the same operations in the
+/// same order as for the query alone, with each key and value row read
+/// once for the block.
+fn attend_block(
+    c: &Config,
+    q: &[f32],
+    span: &Span,
+    tokens: Range<usize>,
+    heads: Range<usize>,
+    window: usize,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
+    let (hd, nh, nq) = (c.head_dim, c.n_heads, heads.len());
+    let (kv, slot) = (span.kv, span.slot);
+    let kv_off = (heads.start / (nh / c.n_kv_heads)) * hd;
+    // the cache positions row t attends to
+    let positions = |t: usize| {
         let pos = span.pos0 + t - span.first_row;
         let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-        let query = kv.query(&q[(t * c.n_heads + h) * hd..][..hd]);
-        let kv_off = (h / group) * hd;
-        let n = pos + 1 - first;
-        let mut scores = vec![0.0f32; n + sinks.is_some() as usize];
-        kv.scores(slot, first, kv_off, &query, &mut scores[..n]);
-        for s in scores[..n].iter_mut() {
-            *s *= c.query_scale;
+        first..pos + 1
+    };
+    let (lo, hi) = (positions(tokens.start).start, positions(tokens.end - 1).end);
+    let rows = |t: usize| &q[(t * nh + heads.start) * hd..][..nq * hd];
+    let queries: Vec<_> = tokens.clone().flat_map(|t| rows(t).chunks_exact(hd).map(|x| kv.query(x))).collect();
+    let mut scores: Vec<Vec<f32>> = tokens
+        .clone()
+        .flat_map(|t| (0..nq).map(move |_| vec![0.0f32; positions(t).len() + sinks.is_some() as usize]))
+        .collect();
+    // one query (a decode step's task): its keys through the several-rows kernel
+    let single = tokens.len() * nq == 1;
+    if single {
+        kv.scores(slot, lo, kv_off, &queries[0], &mut scores[0][..hi - lo]);
+    }
+    let mut dots = vec![0.0f32; nq];
+    for p in (lo..hi).filter(|_| !single) {
+        for (i, t) in tokens.clone().enumerate() {
+            let at = positions(t);
+            if at.contains(&p) {
+                kv.scores_of_queries(slot, p, kv_off, rows(t), &queries[i * nq..][..nq], &mut dots);
+                for (s, &d) in scores[i * nq..][..nq].iter_mut().zip(&dots) {
+                    s[p - at.start] = d;
+                }
+            }
+        }
+    }
+    for (i, s) in scores.iter_mut().enumerate() {
+        let n = s.len() - sinks.is_some() as usize;
+        for v in s[..n].iter_mut() {
+            *v *= c.query_scale;
             if c.attn_softcap > 0.0 {
-                *s = c.attn_softcap * libm::tanhf(*s / c.attn_softcap);
+                *v = c.attn_softcap * libm::tanhf(*v / c.attn_softcap);
             }
         }
         if let Some(sinks) = sinks {
-            scores[n] = sinks[h];
+            s[n] = sinks[heads.start + i % nq];
         }
-        Arch::softmax(&mut scores);
-        o.fill(0.0);
-        let mut scratch = vec![0.0f32; hd];
-        kv.accumulate_values(slot, first, kv_off, &scores[..n], o, &mut scratch);
-    });
+        Arch::softmax(s);
+    }
+    let mut out = vec![0.0f32; tokens.len() * nq * hd];
+    let mut scratch = vec![0.0f32; hd];
+    if single {
+        kv.accumulate_values(slot, lo, kv_off, &scores[0][..hi - lo], &mut out, &mut scratch);
+    }
+    for p in (lo..hi).filter(|_| !single) {
+        let value = kv.value_row(slot, p, kv_off, &mut scratch);
+        for (i, t) in tokens.clone().enumerate() {
+            let at = positions(t);
+            if at.contains(&p) {
+                for (j, o) in out[i * nq * hd..][..nq * hd].chunks_exact_mut(hd).enumerate() {
+                    Arch::axpy(scores[i * nq + j][p - at.start], value, o);
+                }
+            }
+        }
+    }
+    out
 }
