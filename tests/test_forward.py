@@ -93,6 +93,22 @@ def test_logits_identical_across_threads_and_batch_sizes(family, qtype, converte
         assert other == base, f"{qtype}: logits differ at -t {threads} --batch {batch}"
 
 
+@pytest.mark.parametrize("family,kv", [("smollm2-tied", "f32"), ("gemma3-local-global", "f32"),
+                                       ("gemma3-local-global", "f16"), ("gemma3-local-global", "q8")])
+def test_long_prompt_attention_identical_across_threads_and_batch_sizes(family, kv, converted, tmp_path):
+    """A 150-token prompt: attention walks the cache in blocks of eight queries and chunks of 32
+    positions (past Gemma 3's sliding window too); a decode step with fewer blocks than two per
+    thread (`-t 2 --batch 1` here), one query at a time. The same logits bytes for any thread count
+    and batch."""
+    ids, _, _ = reference(family)
+    ids = (ids * (150 // len(ids) + 1))[:150]
+    mlb = converted(family, "q8_0")
+    base = logits_of(mlb, ids, tmp_path, "-t", "1", "--batch", "512", "--kv", kv).tobytes()
+    for threads, batch in [(2, 512), (3, 37), (1, 1), (2, 1), (2, 9)]:
+        other = logits_of(mlb, ids, tmp_path, "-t", threads, "--batch", batch, "--kv", kv).tobytes()
+        assert other == base, f"{family} --kv {kv}: logits differ at -t {threads} --batch {batch}"
+
+
 @pytest.mark.parametrize("family,qtype", [("smollm2-tied", "q8_0"), ("smollm2-tied", "q4_0"),
                                           ("qwen3_5-hybrid", "q4_0"), ("gemma3-local-global", "q8_0")])
 def test_repacked_weights_give_identical_logits(family, qtype, tmp_path):

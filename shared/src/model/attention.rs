@@ -126,6 +126,10 @@ struct Span<'a> {
 /// for all of them instead of once per token and head.
 const QUERY_BLOCK: usize = 8;
 
+/// Cache positions whose key (or value) rows stay in L1 while every query
+/// of a block takes them: 32 rows of a 128-wide head are 16 KiB.
+const POSITION_CHUNK: usize = 32;
+
 /// Causal (optionally windowed) multi-head attention of T new queries, each
 /// over its own sequence's cache (`spans`, in row order); writes [T][H·hd].
 /// With `sinks` (one logit per head), each head's softmax takes its sink
@@ -169,8 +173,11 @@ fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, sinks: Option
 /// query's scores are its dots with the keys of its positions, scaled
 /// (and soft-capped), then its softmax; its output starts at zero and
 /// adds weight·value position after position: the same operations in the
-/// same order as for the query alone, with each key and value row read
-/// once for the block.
+/// same order as for the query alone. The positions go in chunks of
+/// `POSITION_CHUNK` through the several-rows kernels (`KvCache::scores`,
+/// `accumulate_values`), every query of the block taking a chunk while its
+/// rows are in L1: each key and value row is read from memory once for the
+/// block.
 fn attend_block(
     c: &Config,
     q: &[f32],
@@ -190,28 +197,27 @@ fn attend_block(
         first..pos + 1
     };
     let (lo, hi) = (positions(tokens.start).start, positions(tokens.end - 1).end);
-    let rows = |t: usize| &q[(t * nh + heads.start) * hd..][..nq * hd];
-    let queries: Vec<_> = tokens.clone().flat_map(|t| rows(t).chunks_exact(hd).map(|x| kv.query(x))).collect();
+    let queries: Vec<_> = tokens
+        .clone()
+        .flat_map(|t| q[(t * nh + heads.start) * hd..][..nq * hd].chunks_exact(hd).map(|x| kv.query(x)))
+        .collect();
     let mut scores: Vec<Vec<f32>> = tokens
         .clone()
         .flat_map(|t| (0..nq).map(move |_| vec![0.0f32; positions(t).len() + sinks.is_some() as usize]))
         .collect();
-    // one query (a decode step's task): its keys through the several-rows kernel
-    let single = tokens.len() * nq == 1;
-    if single {
-        kv.scores(slot, lo, kv_off, &queries[0], &mut scores[0][..hi - lo]);
-    }
-    let mut dots = vec![0.0f32; nq];
-    for p in (lo..hi).filter(|_| !single) {
+    // Each query's positions within a chunk: [a, b) and where they start in its scores.
+    let each_part = |c0: usize, f: &mut dyn FnMut(usize, usize, usize, usize)| {
+        let c1 = (c0 + POSITION_CHUNK).min(hi);
         for (i, t) in tokens.clone().enumerate() {
             let at = positions(t);
-            if at.contains(&p) {
-                kv.scores_of_queries(slot, p, kv_off, rows(t), &queries[i * nq..][..nq], &mut dots);
-                for (s, &d) in scores[i * nq..][..nq].iter_mut().zip(&dots) {
-                    s[p - at.start] = d;
-                }
+            let (a, b) = (c0.max(at.start), c1.min(at.end));
+            if a < b {
+                (0..nq).for_each(|j| f(i * nq + j, a, b, a - at.start));
             }
         }
+    };
+    for c0 in (lo..hi).step_by(POSITION_CHUNK) {
+        each_part(c0, &mut |k, a, b, s| kv.scores(slot, a, kv_off, &queries[k], &mut scores[k][s..s + b - a]));
     }
     for (i, s) in scores.iter_mut().enumerate() {
         let n = s.len() - sinks.is_some() as usize;
@@ -228,19 +234,11 @@ fn attend_block(
     }
     let mut out = vec![0.0f32; tokens.len() * nq * hd];
     let mut scratch = vec![0.0f32; hd];
-    if single {
-        kv.accumulate_values(slot, lo, kv_off, &scores[0][..hi - lo], &mut out, &mut scratch);
-    }
-    for p in (lo..hi).filter(|_| !single) {
-        let value = kv.value_row(slot, p, kv_off, &mut scratch);
-        for (i, t) in tokens.clone().enumerate() {
-            let at = positions(t);
-            if at.contains(&p) {
-                for (j, o) in out[i * nq * hd..][..nq * hd].chunks_exact_mut(hd).enumerate() {
-                    Arch::axpy(scores[i * nq + j][p - at.start], value, o);
-                }
-            }
-        }
+    for c0 in (lo..hi).step_by(POSITION_CHUNK) {
+        each_part(c0, &mut |k, a, b, s| {
+            let o = &mut out[k * hd..][..hd];
+            kv.accumulate_values(slot, a, kv_off, &scores[k][s..s + b - a], o, &mut scratch);
+        });
     }
     out
 }

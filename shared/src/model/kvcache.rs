@@ -178,46 +178,6 @@ impl KvCache {
         }
     }
 
-    /// out[j] = `score` of position `pos` with each query j (`queries[j]`,
-    /// rows j of `q_rows`, `hd` apart): one key row for several queries, f32
-    /// caches through the several-rows kernel with the key as its vector
-    /// (the same dots: each product commutes, the order of the sums is the
-    /// row's).
-    pub fn scores_of_queries(
-        &self,
-        slot: usize,
-        pos: usize,
-        head_off: usize,
-        q_rows: &[f32],
-        queries: &[Query],
-        out: &mut [f32],
-    ) {
-        match &self.keys {
-            Store::F32(v) => {
-                let (at, hd) = (self.offset(slot, pos) + head_off, q_rows.len() / queries.len());
-                Arch::dot_f32_rows(&v[at..at + hd], q_rows, hd, out);
-            }
-            _ => {
-                for (o, q) in out.iter_mut().zip(queries) {
-                    *o = self.score(slot, pos, head_off, q);
-                }
-            }
-        }
-    }
-
-    /// The value row of the head at `head_off` of position `pos` as f32:
-    /// borrowed from an f32 cache, else converted into `scratch`.
-    pub fn value_row<'s>(&'s self, slot: usize, pos: usize, head_off: usize, scratch: &'s mut [f32]) -> &'s [f32] {
-        let at = self.offset(slot, pos) + head_off;
-        match &self.values {
-            Store::F32(v) => &v[at..at + scratch.len()],
-            other => {
-                other.read(at, scratch);
-                scratch
-            }
-        }
-    }
-
     /// out += w · v for the head at `head_off` of position `pos`.
     /// out[i] = `score` of positions first + i (a run of the cache), f32
     /// caches through the several-rows kernel (same results).
