@@ -1110,9 +1110,9 @@ pub fn quantize_act(x: &[f32], out: &mut [BlockQ8Act]) {
 /// every build vectorises: `round` has no instruction below SSE4.1 (sse2
 /// called `roundf` per value) and the saturating `as` converts one value at
 /// a time. Clamped to i8's range first, x + (0.5 − 2⁻²⁵)·sign(x) truncates
-/// to round(x) (the largest float below one half, so that 0.49999997 does
-/// not round up; from 2²² on the sum rounds to the right neighbour), and the
-/// truncation is one `cvttps2dq` per vector.
+/// to round(x): 0.5 − 2⁻²⁵ is the largest float below one half, so that
+/// 0.49999997 does not round up to 1 (with 0.5 it would); the truncation
+/// is one `cvttps2dq` per vector.
 #[inline(always)]
 pub(crate) fn round_to_i8(x: f32) -> i8 {
     const BELOW_HALF: f32 = 0.49999997; // 0.5 − 2⁻²⁵
