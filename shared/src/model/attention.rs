@@ -157,12 +157,16 @@ fn attention(c: &Config, q: &[f32], spans: &[Span], window: usize, sinks: Option
     let heads = if blocks.len() * c.n_kv_heads >= 2 * crate::pool::threads() { group } else { 1 };
     let tasks: Vec<(usize, usize, usize, usize)> =
         blocks.iter().flat_map(|&(s, t0, n)| (0..nh).step_by(heads).map(move |h0| (s, t0, n, h0))).collect();
-    let parts = crate::pool::map(tasks.len(), |i| {
+    // Short contexts are cheaper on one thread than split across several.
+    let positions = spans.iter().map(|s| s.pos0).max().unwrap_or(0) + n_tok;
+    let per_task = (4096 / (positions * hd).max(1)).clamp(1, nh);
+    let mut parts = vec![Vec::new(); tasks.len()];
+    crate::pool::chunks_mut(&mut parts, 1, per_task, |i, part| {
         let (s, t0, n, h0) = tasks[i];
-        attend_block(c, q, &spans[s], t0..t0 + n, h0..h0 + heads, window, sinks)
+        part[0] = attend_block(c, q, &spans[s], t0..t0 + n, h0..h0 + heads, window, sinks);
     });
-    for (&(_, t0, n, h0), part) in tasks.iter().zip(&parts) {
-        for (t, rows) in part.chunks_exact(heads * hd).take(n).enumerate() {
+    for (&(_, t0, _, h0), part) in tasks.iter().zip(&parts) {
+        for (t, rows) in part.chunks_exact(heads * hd).enumerate() {
             out[((t0 + t) * nh + h0) * hd..][..heads * hd].copy_from_slice(rows);
         }
     }
